@@ -1,0 +1,75 @@
+package events
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"mime"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/steward-dev/steward/schema"
+)
+
+// New builds an event of a Steward type for a key, with data marshalled to
+// JSON. id, time and source are left for the publisher to fill.
+func New(typ, key string, data any) (event.Event, error) {
+	k, ok := Lookup(typ)
+	if !ok {
+		return event.Event{}, fmt.Errorf("type %q is not a Steward event type", typ)
+	}
+	if err := k.CheckKey(key); err != nil {
+		return event.Event{}, err
+	}
+	e := event.New()
+	e.SetType(typ)
+	e.SetSubject(key)
+	raw, ok := data.([]byte)
+	if !ok {
+		var err error
+		if raw, err = json.Marshal(data); err != nil {
+			return event.Event{}, fmt.Errorf("marshal data of %s for %s: %w", typ, key, err)
+		}
+	}
+	if err := e.SetData(ContentTypeJSON, raw); err != nil {
+		return event.Event{}, err
+	}
+	return e, nil
+}
+
+// ErrInvalid marks every validation failure, so callers can tell bad input
+// (never retried) from a failure to reach NATS.
+var ErrInvalid = errors.New("invalid event")
+
+// Validate is the one check every event passes before it is published and
+// again before a worker handles it: the CloudEvents attributes are present,
+// the type is Steward's, the data is JSON that meets its schema, and the
+// subject attribute is a valid key equal to the data's key field.
+func Validate(e event.Event) error {
+	if err := e.Validate(); err != nil {
+		return fmt.Errorf("%w: attributes: %v", ErrInvalid, err)
+	}
+	k, ok := Lookup(e.Type())
+	if !ok {
+		return fmt.Errorf("%w: type %q is not a Steward event type", ErrInvalid, e.Type())
+	}
+	if ct := e.DataContentType(); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != ContentTypeJSON {
+			return fmt.Errorf("%w: datacontenttype %q must be %s", ErrInvalid, ct, ContentTypeJSON)
+		}
+	}
+	if err := schema.Validate(e.Type(), e.Data()); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	key, err := KeyOf(e.Type(), e.Data())
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if err := k.CheckKey(key); err != nil {
+		return fmt.Errorf("%w: data field %q: %v", ErrInvalid, k.KeyField, err)
+	}
+	if e.Subject() != key {
+		return fmt.Errorf("%w: subject attribute %q must equal the data's %s %q", ErrInvalid, e.Subject(), k.KeyField, key)
+	}
+	return nil
+}

@@ -1,0 +1,103 @@
+// Package publisher puts Steward events on JetStream: it validates them,
+// fills what a caller may leave empty, and publishes with the event id as
+// JetStream's dedupe id. Ingress serves the same over HTTP for consoles.
+package publisher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/ulid/v2"
+
+	"github.com/steward-dev/steward/events"
+)
+
+// DefaultSource is the CloudEvents source of events whose publisher named none.
+const DefaultSource = "/steward/publisher"
+
+// Publisher publishes Steward events. It is safe for concurrent use.
+type Publisher struct {
+	js     jetstream.JetStream
+	source string
+}
+
+// Option configures a Publisher.
+type Option func(*Publisher)
+
+// WithSource sets the source given to events that carry none.
+func WithSource(source string) Option { return func(p *Publisher) { p.source = source } }
+
+// New returns a Publisher on js. The streams must exist (EnsureStreams).
+func New(js jetstream.JetStream, opts ...Option) *Publisher {
+	p := &Publisher{js: js, source: DefaultSource}
+	for _, o := range opts {
+		o(p)
+	}
+	return p
+}
+
+// Ack says where an event was stored.
+type Ack struct {
+	// ID is the event id, as filled in when the caller left it empty.
+	ID string `json:"id"`
+	// Stream and Sequence locate the stored event.
+	Stream   string `json:"stream"`
+	Sequence uint64 `json:"sequence"`
+	// Duplicate is true when JetStream already held an event with this id
+	// inside its dedupe window and stored nothing new.
+	Duplicate bool `json:"duplicate"`
+}
+
+// Prepare fills what a caller may leave empty (id, time, source, and the
+// subject attribute from the data's key field) and validates the event. It
+// returns the NATS subject the event belongs on.
+func (p *Publisher) Prepare(e *event.Event) (string, error) {
+	if e.ID() == "" {
+		e.SetID(ulid.Make().String())
+	}
+	if e.Time().IsZero() {
+		e.SetTime(time.Now().UTC())
+	}
+	if e.Source() == "" {
+		e.SetSource(p.source)
+	}
+	if e.DataContentType() == "" {
+		e.SetDataContentType(events.ContentTypeJSON)
+	}
+	if e.Subject() == "" {
+		if key, err := events.KeyOf(e.Type(), e.Data()); err == nil {
+			e.SetSubject(key)
+		}
+	}
+	if err := events.Validate(*e); err != nil {
+		return "", fmt.Errorf("event %s: %w", e.ID(), err)
+	}
+	k, _ := events.Lookup(e.Type())
+	return k.SubjectFor(e.Subject())
+}
+
+// Publish validates e, fills its empty id, time and source, and stores it in
+// STEWARD_EVENTS. A validation failure wraps events.ErrInvalid and nothing is
+// published.
+func (p *Publisher) Publish(ctx context.Context, e event.Event) (Ack, error) {
+	subject, err := p.Prepare(&e)
+	if err != nil {
+		return Ack{}, err
+	}
+	msg, err := events.Encode(subject, e)
+	if err != nil {
+		return Ack{}, err
+	}
+	pa, err := p.js.PublishMsg(ctx, msg)
+	if err != nil {
+		return Ack{ID: e.ID()}, fmt.Errorf("publish %s for %s (event %s): %w", e.Type(), e.Subject(), e.ID(), err)
+	}
+	return Ack{ID: e.ID(), Stream: pa.Stream, Sequence: pa.Sequence, Duplicate: pa.Duplicate}, nil
+}
+
+// IsInvalid reports whether err is a validation failure, which no retry fixes.
+func IsInvalid(err error) bool { return errors.Is(err, events.ErrInvalid) }

@@ -1,0 +1,59 @@
+package schema
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestValidateNamesFieldAndRule(t *testing.T) {
+	cases := []struct {
+		name, typ, data string
+		want            []string
+	}{
+		{"unknown field", "dev.steward.release.published.v1", `{"version":"1.0.0","extra":1}`, []string{"/", "extra"}},
+		{"missing field", "dev.steward.credential.rotated.v1", `{"hive":"h","version":1,"clientId":"c"}`, []string{"/", "secret"}},
+		{"bad key", "dev.steward.invitation.written.v1", `{"box":"../etc","envelope":{"payload":"e30=","payloadType":"application/vnd.steward.invitation.v1+json","signatures":[{"sig":"AA=="}]}}`, []string{"/box", "pattern"}},
+		{"wrong type", "dev.steward.grant.changed.v1", `{"machine":"m","requirement":"postgres","generation":"1","given":[]}`, []string{"/generation", "integer"}},
+		{"wrong requirement", "dev.steward.grant.changed.v1", `{"machine":"m","requirement":"mysql","generation":1,"given":[]}`, []string{"/requirement"}},
+		{"broken json", "dev.steward.release.published.v1", `{"version":`, []string{"not valid JSON"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := Validate(tc.typ, []byte(tc.data))
+			if err == nil {
+				t.Fatal("want an error, got none")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestValidateAcceptsGoodData(t *testing.T) {
+	good := map[string]string{
+		"dev.steward.release.published.v1":  `{"version":"1.2.3-rc.1+b5","manifestDigest":"sha256:` + strings.Repeat("a", 64) + `"}`,
+		"dev.steward.credential.rotated.v1": `{"hive":"hive-1","version":3,"clientId":"client","secret":"-----BEGIN AGE ENCRYPTED FILE-----\nx\n-----END AGE ENCRYPTED FILE-----\n"}`,
+		"dev.steward.grant.changed.v1":      `{"machine":"db-1","requirement":"postgres","generation":2,"given":[{"from":"a","node":"n1","values":{"name":"app"},"secret":"s"}]}`,
+	}
+	for typ, data := range good {
+		if err := Validate(typ, []byte(data)); err != nil {
+			t.Errorf("%s: %v", typ, err)
+		}
+	}
+}
+
+func TestUnknownType(t *testing.T) {
+	err := Validate("dev.steward.nope.v1", []byte(`{}`))
+	if err == nil || !strings.Contains(err.Error(), "unknown event type") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestEverySchemaCompiles(t *testing.T) {
+	if got := len(Types()); got != 5 {
+		t.Fatalf("want 5 schemas, got %d (%v)", got, Types())
+	}
+}
