@@ -55,7 +55,7 @@ func (c StreamConfig) StreamConfigs() []jetstream.StreamConfig {
 		{
 			Name: StreamDLQ, Subjects: []string{events.DLQPrefix + ".>"},
 			Storage: jetstream.FileStorage, Replicas: replicas,
-			Duplicates: c.Dedupe,
+			Duplicates:  c.Dedupe,
 			Description: "events a worker could not apply, with the reason",
 		},
 	}

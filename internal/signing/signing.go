@@ -155,7 +155,7 @@ func (k ed25519Key) Verify(_ context.Context, data, sig []byte) error {
 	return nil
 }
 
-func (k ed25519Key) KeyID() (string, error) { return dsse.SHA256KeyID(k.pub) }
+func (k ed25519Key) KeyID() (string, error)   { return dsse.SHA256KeyID(k.pub) }
 func (k ed25519Key) Public() crypto.PublicKey { return k.pub }
 
 // SignEnvelope wraps payload in a DSSE envelope signed with an ed25519 key.

@@ -1,0 +1,274 @@
+// Package workertest runs Steward workers against a real embedded NATS
+// server in tests: start a JetStream server in a temporary folder, publish
+// events (or a recorded stream from a JSONL file), run a handler, wait
+// until its consumer is idle, and inspect the outcomes and dead letters.
+package workertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/streamread"
+	"github.com/steward-dev/steward/publisher"
+	"github.com/steward-dev/steward/workers"
+)
+
+// DefaultTimeout bounds every wait in this package.
+const DefaultTimeout = 30 * time.Second
+
+// Server is an embedded nats-server with JetStream, its store in a
+// temporary folder that is removed when the test ends.
+type Server struct {
+	*server.Server
+	opts *server.Options
+}
+
+// StartServer starts a JetStream server on a free 127.0.0.1 port.
+func StartServer(t testing.TB) *Server {
+	t.Helper()
+	opts := &server.Options{
+		Host:      "127.0.0.1",
+		Port:      server.RANDOM_PORT,
+		JetStream: true,
+		StoreDir:  t.TempDir(),
+		NoLog:     true,
+		NoSigs:    true,
+	}
+	s := &Server{opts: opts}
+	s.start(t)
+	t.Cleanup(s.Shutdown)
+	return s
+}
+
+func (s *Server) start(t testing.TB) {
+	t.Helper()
+	srv, err := server.NewServer(s.opts)
+	if err != nil {
+		t.Fatalf("nats server: %v", err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server did not become ready in 10s")
+	}
+	s.Server = srv
+	// Keep the port, so a restart comes back where clients reconnect.
+	s.opts.Port = srv.Addr().(*net.TCPAddr).Port
+}
+
+// Restart shuts the server down and starts it again on the same port and
+// store, as an operator's restart would.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	s.Server.Shutdown()
+	s.Server.WaitForShutdown()
+	s.start(t)
+}
+
+// URL is the nats:// URL to connect to.
+func (s *Server) URL() string { return s.ClientURL() }
+
+// Connect opens a client connection that reconnects forever and is closed
+// when the test ends.
+func (s *Server) Connect(t testing.TB) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(s.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatalf("connect %s: %v", s.URL(), err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// JetStream connects and ensures Steward's streams.
+func (s *Server) JetStream(t testing.TB) jetstream.JetStream {
+	t.Helper()
+	js, err := jetstream.New(s.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := publisher.EnsureStreams(context.Background(), js, publisher.DefaultStreamConfig()); err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// Publish publishes e through the Publisher (validation, dedupe id) and
+// fails the test if it is refused.
+func Publish(t testing.TB, js jetstream.JetStream, e event.Event) publisher.Ack {
+	t.Helper()
+	ack, err := publisher.New(js).Publish(context.Background(), e)
+	if err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	return ack
+}
+
+// PublishData builds an event of typ for key with data and publishes it.
+func PublishData(t testing.TB, js jetstream.JetStream, typ, key string, data any) publisher.Ack {
+	t.Helper()
+	e, err := events.New(typ, key, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Publish(t, js, e)
+}
+
+// PublishFile publishes a recorded stream: CloudEvents in the JSON format,
+// one per line, in order.
+func PublishFile(t testing.TB, js jetstream.JetStream, path string) []publisher.Ack {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	list, err := events.ReadJSONL(f)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	acks := make([]publisher.Ack, 0, len(list))
+	for _, e := range list {
+		acks = append(acks, Publish(t, js, e))
+	}
+	return acks
+}
+
+// Running is a worker running in the background of a test.
+type Running struct {
+	*workers.Worker
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// Start creates the worker and runs it until Stop or the end of the test.
+// Metrics go to a fresh registry unless an option says otherwise.
+func Start(t testing.TB, js jetstream.JetStream, spec workers.Spec, h workers.Handler, opts ...workers.Option) *Running {
+	t.Helper()
+	opts = append([]workers.Option{workers.WithRegisterer(prometheus.NewRegistry())}, opts...)
+	w, err := workers.New(context.Background(), js, spec, h, opts...)
+	if err != nil {
+		t.Fatalf("worker %s: %v", spec.Name, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Running{Worker: w, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- w.Run(ctx) }()
+	WaitUntil(t, "worker "+w.ConsumerName()+" is ready", func() bool { return w.Ready() == nil })
+	t.Cleanup(func() { r.Stop() })
+	return r
+}
+
+// Stop shuts the worker down gracefully and waits for Run to return.
+func (r *Running) Stop() error {
+	r.cancel()
+	err, ok := <-r.done
+	if !ok {
+		return nil
+	}
+	close(r.done)
+	return err
+}
+
+// WaitUntil polls cond until it holds, failing the test after
+// DefaultTimeout with what it waited for.
+func WaitUntil(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(DefaultTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting until %s", DefaultTimeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// WaitIdle waits until the consumer has nothing left to deliver and
+// nothing unacknowledged: every event it was given is settled.
+func WaitIdle(t testing.TB, js jetstream.JetStream, consumer string) {
+	t.Helper()
+	var last string
+	WaitUntil(t, "consumer "+consumer+" is idle ("+strconv.Quote(last)+")", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		c, err := js.Consumer(ctx, publisher.StreamEvents, consumer)
+		if err != nil {
+			last = err.Error()
+			return false
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			last = err.Error()
+			return false
+		}
+		last = fmt.Sprintf("pending %d, ack pending %d", info.NumPending, info.NumAckPending)
+		return info.NumPending == 0 && info.NumAckPending == 0
+	})
+}
+
+// Outcomes returns the outcomes a worker instance has emitted, in order.
+func Outcomes(t testing.TB, js jetstream.JetStream, worker, instance string) []event.Event {
+	t.Helper()
+	var out []event.Event
+	err := streamread.Each(context.Background(), js, streamread.Range{
+		Stream:   publisher.StreamOutcomes,
+		Subjects: []string{events.OutcomesPrefix + "." + worker + "." + instance},
+	}, func(m jetstream.Msg) error {
+		e, err := events.Decode(m.Headers(), m.Data())
+		if err != nil {
+			return err
+		}
+		out = append(out, e)
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("outcomes of %s-%s: %v", worker, instance, err)
+	}
+	return out
+}
+
+// DeadLetter is one event in the DLQ with the reason it is there.
+type DeadLetter struct {
+	// Event is the original event, or nil when it could not be decoded.
+	Event *event.Event
+	// Reason is the Steward-Error header.
+	Reason    string
+	Headers   nats.Header
+	Data      []byte
+	Sequence  uint64 // in STEWARD_EVENTS
+	Delivered int
+}
+
+// DeadLetters returns the dead letters of a worker instance, in order.
+func DeadLetters(t testing.TB, js jetstream.JetStream, worker, instance string) []DeadLetter {
+	t.Helper()
+	var out []DeadLetter
+	err := streamread.Each(context.Background(), js, streamread.Range{
+		Stream:   publisher.StreamDLQ,
+		Subjects: []string{events.DLQPrefix + "." + worker + "." + instance},
+	}, func(m jetstream.Msg) error {
+		dl := DeadLetter{Reason: m.Headers().Get(workers.HeaderError), Headers: m.Headers(), Data: m.Data()}
+		dl.Sequence, _ = strconv.ParseUint(m.Headers().Get(workers.HeaderStreamSeq), 10, 64)
+		dl.Delivered, _ = strconv.Atoi(m.Headers().Get(workers.HeaderDelivered))
+		if e, err := events.Decode(m.Headers(), m.Data()); err == nil {
+			dl.Event = &e
+		}
+		out = append(out, dl)
+		return nil
+	})
+	if err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatalf("dead letters of %s-%s: %v", worker, instance, err)
+	}
+	return out
+}
