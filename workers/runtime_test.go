@@ -495,9 +495,14 @@ func TestInvalidEventsGoToTheDLQAtOnce(t *testing.T) {
 	if len(dls) != len(wants) {
 		t.Fatalf("%d dead letters, want %d", len(dls), len(wants))
 	}
-	for i, w := range wants {
-		if !strings.Contains(dls[i].Reason, w) || dls[i].Delivered != 1 {
-			t.Errorf("dead letter %d: reason %q (deliveries %d) does not name %q", i, dls[i].Reason, dls[i].Delivered, w)
+	// Invalid events are dead-lettered in parallel, so match reasons as a set.
+	for _, w := range wants {
+		found := false
+		for _, dl := range dls {
+			found = found || (strings.Contains(dl.Reason, w) && dl.Delivered == 1)
+		}
+		if !found {
+			t.Errorf("no dead letter on the first delivery names %q", w)
 		}
 	}
 }

@@ -210,17 +210,25 @@ func (w *Worker) Run(ctx context.Context) error {
 		return fmt.Errorf("consume %s: %w", w.consumerName(), err)
 	}
 	readerDone := make(chan struct{})
+	var readErr error
 	go func() {
 		defer close(readerDone)
 		for {
 			msg, err := it.Next()
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			switch {
+			case errors.Is(err, jetstream.ErrMsgIteratorClosed):
 				return
-			}
-			if err != nil {
+			case errors.Is(err, nats.ErrConnectionClosed):
+				readErr = fmt.Errorf("consumer %s stopped: %w", w.consumerName(), err)
+				return
+			case err != nil:
 				// Missed heartbeats and reconnects surface here; the
 				// iterator recovers by itself, so note it and go on.
 				w.log.Debug().Err(err).Msg("pull interrupted")
+				select {
+				case <-ctx.Done():
+				case <-time.After(100 * time.Millisecond):
+				}
 				continue
 			}
 			w.accept(msg)
@@ -231,7 +239,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	go w.heartbeats(hbStop, hbDone)
 	w.log.Info().Str("consumer", w.consumerName()).Strs("subjects", w.spec.Subjects).Msg("worker consuming")
 
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+	case <-readerDone:
+		// The connection closed for good: stop as if told to, and say so.
+	}
 	w.stopping.Store(true)
 	it.Drain()
 	<-readerDone
@@ -248,6 +260,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	close(hbStop)
 	<-hbDone
+	if readErr != nil {
+		w.log.Error().Err(readErr).Msg("worker stopped")
+		return readErr
+	}
 	w.log.Info().Msg("worker stopped")
 	return nil
 }
@@ -337,6 +353,11 @@ func (w *Worker) runLane(key string, l *lane) {
 		}
 		h := l.queue[0]
 		l.queue = l.queue[1:]
+		if l.waitFor != 0 && h.seq >= l.waitFor {
+			// The retried event is back (it may have come back before
+			// the wait was even set): later events may follow it.
+			l.waitFor = 0
+		}
 		w.mu.Unlock()
 
 		select {
