@@ -30,7 +30,10 @@ func Each(ctx context.Context, js jetstream.JetStream, r Range, fn func(jetstrea
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", r.Stream, err)
 	}
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: r.Subjects}
+	// A reader that polls (tests waiting on outcomes, consoles) must not
+	// pile up consumers: the server removes an idle one soon, and Each
+	// deletes its own when it returns.
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: r.Subjects, InactiveThreshold: 5 * time.Second}
 	switch {
 	case r.StartSeq > 0:
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, r.StartSeq
@@ -46,6 +49,13 @@ func Each(ctx context.Context, js jetstream.JetStream, r Range, fn func(jetstrea
 	if err != nil {
 		return fmt.Errorf("read %s: %w", r.Stream, err)
 	}
+	defer func() {
+		if ci := cons.CachedInfo(); ci != nil {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = stream.DeleteConsumer(dctx, ci.Name)
+		}
+	}()
 	remaining := info.NumPending
 	seen := 0
 	for remaining > 0 {

@@ -194,27 +194,64 @@ func WaitUntil(t testing.TB, what string, cond func() bool) {
 	}
 }
 
-// WaitIdle waits until the consumer has nothing left to deliver and
-// nothing unacknowledged: every event it was given is settled.
+// WaitIdle waits until the consumer has settled every event stored for
+// its subjects: it has acknowledged (or terminated) up to the last such
+// event and holds nothing unacknowledged. Events published before the call
+// are covered even when the consumer has not counted them as pending yet.
 func WaitIdle(t testing.TB, js jetstream.JetStream, consumer string) {
 	t.Helper()
-	var last string
-	WaitUntil(t, "consumer "+consumer+" is idle ("+strconv.Quote(last)+")", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		c, err := js.Consumer(ctx, publisher.StreamEvents, consumer)
+	deadline := time.Now().Add(DefaultTimeout)
+	var state string
+	for {
+		idle, s, err := isIdle(js, consumer)
 		if err != nil {
-			last = err.Error()
-			return false
+			state = err.Error()
+		} else {
+			state = s
 		}
-		info, err := c.Info(ctx)
+		if idle {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting until consumer %s is idle (%s)", DefaultTimeout, consumer, state)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func isIdle(js jetstream.JetStream, consumer string) (bool, string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	stream, err := js.Stream(ctx, publisher.StreamEvents)
+	if err != nil {
+		return false, "", err
+	}
+	c, err := stream.Consumer(ctx, consumer)
+	if err != nil {
+		return false, "", err
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return false, "", err
+	}
+	filters := info.Config.FilterSubjects
+	if info.Config.FilterSubject != "" {
+		filters = append(filters, info.Config.FilterSubject)
+	}
+	var last uint64
+	for _, f := range filters {
+		m, err := stream.GetLastMsgForSubject(ctx, f)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
 		if err != nil {
-			last = err.Error()
-			return false
+			return false, "", err
 		}
-		last = fmt.Sprintf("pending %d, ack pending %d", info.NumPending, info.NumAckPending)
-		return info.NumPending == 0 && info.NumAckPending == 0
-	})
+		last = max(last, m.Sequence)
+	}
+	state := fmt.Sprintf("last event %d, acknowledged up to %d, pending %d, unacknowledged %d",
+		last, info.AckFloor.Stream, info.NumPending, info.NumAckPending)
+	return info.AckFloor.Stream >= last && info.NumAckPending == 0 && info.NumPending == 0, state, nil
 }
 
 // Outcomes returns the outcomes a worker instance has emitted, in order.
