@@ -1,0 +1,345 @@
+package join
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/secure-systems-lab/go-securesystemslib/dsse"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/atomicfile"
+	"github.com/steward-dev/steward/internal/signing"
+	"github.com/steward-dev/steward/workers"
+)
+
+// MaxEnrollment bounds an enrollment's length in bytes.
+const MaxEnrollment = 128
+
+// invitationState names the state document of the newest accepted
+// invitation, which orders invitations by their signed issuedAt.
+const invitationState = "invitation"
+
+// ErrNoFloor says no verified host floor for the deployment is held yet.
+// It is retried, never a refusal: a floor not yet seen is not a floor
+// that says no.
+var ErrNoFloor = errors.New("no verified host floor is held yet")
+
+// acceptedInvitation is the newest invitation that passed every check.
+type acceptedInvitation struct {
+	Enrollment string `json:"enrollment"`
+	IssuedAt   string `json:"issuedAt"`
+	EventID    string `json:"eventId"`
+	Sequence   uint64 `json:"sequence"`
+}
+
+// stepFilesWritten is the stage saved once policy.json and enrollment.json
+// are durable: a redelivery of the same event goes straight to the arm
+// command, without reading again the facts it already verified.
+const stepFilesWritten = "files-written"
+
+type armStage struct {
+	Step       string `json:"step"`
+	Enrollment string `json:"enrollment"`
+	InstanceID string `json:"instanceId"`
+}
+
+// handleInvitation arms the guard for a verified invitation. The order of
+// the checks is the contract's: already armed; then the signature, v, the
+// deployment, the box, the enrollment (and issuedAt, which orders
+// invitations); the identity record's SHA-256; its instance; a held floor.
+func (w *Worker) handleInvitation(ctx context.Context, d *workers.Delivery) error {
+	var data events.InvitationWritten
+	if err := d.DataAs(&data); err != nil {
+		return err
+	}
+	if data.Box != w.cfg.Box {
+		return w.refuse(ctx, d, data.Box, "addressed", fmt.Sprintf("the event is addressed to box %q, not this box %q (its consumer filter should never deliver it here)", data.Box, w.cfg.Box))
+	}
+
+	var st armStage
+	resumed, err := d.LoadStage(&st)
+	if err != nil {
+		return err
+	}
+	if resumed && st.Step == stepFilesWritten {
+		d.Log.Info().Str("enrollment", st.Enrollment).Msg("policy and enrollment were written by an earlier delivery; running the arm command")
+		return w.arm(ctx, d, st)
+	}
+
+	// The armed check reads the payload before it is verified: it changes
+	// nothing and reports only what the marker, a fact on this box, says.
+	if claimed, ok := peekInvitation(data.Envelope); ok {
+		marker, exists, err := readEnrollmentFile(w.cfg.ArmedMarker)
+		if err != nil {
+			return fmt.Errorf("the armed marker of box %s (event %s): %w; retried, since an unreadable marker is not proof the box is unarmed", w.cfg.Box, d.Event.ID(), err)
+		}
+		if exists && marker.Box == w.cfg.Box && marker.Enrollment == claimed.Enrollment {
+			d.Log.Info().Str("enrollment", marker.Enrollment).Msg("box is already armed for this enrollment; nothing written")
+			return d.Emit(ctx, OutcomeArmedAlready, map[string]string{"box": w.cfg.Box, "enrollment": marker.Enrollment})
+		}
+	}
+
+	inv, rule, reason := w.verifyInvitation(data.Envelope)
+	if rule != "" {
+		return w.refuse(ctx, d, w.cfg.Box, rule, reason)
+	}
+
+	var acc acceptedInvitation
+	accRev, err := d.State().Get(ctx, invitationState, &acc)
+	if err != nil {
+		return fmt.Errorf("read the newest accepted invitation of %s (event %s): %w", w.cfg.Box, d.Event.ID(), err)
+	}
+	newer := accRev == 0 || issuedAfter(inv.IssuedAt, acc.IssuedAt)
+	if accRev != 0 && acc.Enrollment != inv.Enrollment && !newer {
+		d.Log.Info().Str("enrollment", inv.Enrollment).Str("accepted", acc.Enrollment).
+			Msg("invitation is older than the one accepted; ignored")
+		return d.Emit(ctx, OutcomeSuperseded, map[string]string{
+			"box": w.cfg.Box, "enrollment": inv.Enrollment, "issuedAt": inv.IssuedAt,
+			"accepted": acc.Enrollment, "acceptedIssuedAt": acc.IssuedAt,
+		})
+	}
+
+	rec, sum, parseErr, err := readIdentity(w.cfg.IdentityRecord)
+	if err != nil {
+		return fmt.Errorf("box %s (event %s): %w; retried, since an unreadable record is not a mismatch", w.cfg.Box, d.Event.ID(), err)
+	}
+	if !strings.EqualFold(sum, inv.EvidenceSHA256) {
+		return w.refuse(ctx, d, w.cfg.Box, "evidence", fmt.Sprintf("its evidenceSHA256 %.64q is not the SHA-256 %s of the identity record %s; the console must invite the record this box publishes now", inv.EvidenceSHA256, sum, w.cfg.IdentityRecord))
+	}
+	if parseErr != nil {
+		return w.refuse(ctx, d, w.cfg.Box, "identity-record", fmt.Sprintf("%v; the invited record names no instance to check", parseErr))
+	}
+	if rec.Box != w.cfg.Box {
+		return w.refuse(ctx, d, w.cfg.Box, "identity-box", fmt.Sprintf("the identity record %s names box %.70q, not this box %q", w.cfg.IdentityRecord, rec.Box, w.cfg.Box))
+	}
+	instance, err := instanceID(ctx, w.cfg, w.http)
+	if err != nil {
+		return fmt.Errorf("box %s (event %s): %w; retried, since an unread ID is not a mismatch", w.cfg.Box, d.Event.ID(), err)
+	}
+	if rec.InstanceID != instance {
+		return w.refuse(ctx, d, w.cfg.Box, "instance", fmt.Sprintf("the identity record names instance %.70q but this instance is %q; the record belongs to another machine", rec.InstanceID, instance))
+	}
+
+	var kept KeptFloor
+	floorRev, err := d.State().Get(ctx, floorState, &kept)
+	if err != nil {
+		return fmt.Errorf("read the kept host floor of %s (event %s): %w", w.cfg.Box, d.Event.ID(), err)
+	}
+	if floorRev == 0 || kept.Floor.Deployment != w.cfg.Deployment {
+		return fmt.Errorf("invitation for box %s (event %s): %w for deployment %s; retried until the release pipeline's floor arrives", w.cfg.Box, d.Event.ID(), ErrNoFloor, w.cfg.Deployment)
+	}
+
+	if newer {
+		next := acceptedInvitation{Enrollment: inv.Enrollment, IssuedAt: inv.IssuedAt, EventID: d.Event.ID(), Sequence: d.Sequence}
+		if _, err := d.State().Put(ctx, invitationState, next, accRev); err != nil {
+			return fmt.Errorf("record the accepted invitation of %s (event %s): %w", w.cfg.Box, d.Event.ID(), err)
+		}
+	}
+
+	st = armStage{Step: stepFilesWritten, Enrollment: inv.Enrollment, InstanceID: instance}
+	if err := w.writeFiles(st, kept.Floor); err != nil {
+		return fmt.Errorf("box %s (event %s): %w", w.cfg.Box, d.Event.ID(), err)
+	}
+	if err := d.SaveStage(ctx, st); err != nil {
+		return err
+	}
+	return w.arm(ctx, d, st)
+}
+
+// peekInvitation decodes an envelope's payload without verifying it.
+func peekInvitation(env dsse.Envelope) (events.Invitation, bool) {
+	var inv events.Invitation
+	raw, err := base64.StdEncoding.DecodeString(env.Payload)
+	if err != nil {
+		if raw, err = base64.URLEncoding.DecodeString(env.Payload); err != nil {
+			return inv, false
+		}
+	}
+	if json.Unmarshal(raw, &inv) != nil || inv.Enrollment == "" {
+		return inv, false
+	}
+	return inv, true
+}
+
+// verifyInvitation checks the envelope and its payload against this box; a
+// non-empty rule names the first check that failed.
+func (w *Worker) verifyInvitation(env dsse.Envelope) (events.Invitation, string, string) {
+	var inv events.Invitation
+	payload, err := signing.OpenEnvelope(w.consoleKey, env, events.PayloadTypeInvitation)
+	if err != nil {
+		return inv, "signature", fmt.Sprintf("its envelope does not verify with the console key %s (%v); only the console's signed invitations arm a box", w.cfg.ConsoleKey, err)
+	}
+	var head struct {
+		V int `json:"v"`
+	}
+	if err := json.Unmarshal(payload, &head); err != nil {
+		return inv, "payload", fmt.Sprintf("its signed payload is not JSON (%v)", err)
+	}
+	if head.V != 1 {
+		return inv, "version", fmt.Sprintf("its payload has v %d; this worker reads v 1 invitations only", head.V)
+	}
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&inv); err != nil {
+		return inv, "payload", fmt.Sprintf("its signed payload is not a v 1 invitation (%v)", err)
+	}
+	if inv.Deployment != w.cfg.Deployment {
+		return inv, "deployment", fmt.Sprintf("it invites the box into deployment %.70q, but this box joins %q", inv.Deployment, w.cfg.Deployment)
+	}
+	if inv.Box != w.cfg.Box {
+		return inv, "box", fmt.Sprintf("its signed payload names box %.70q, not this box %q", inv.Box, w.cfg.Box)
+	}
+	if reason := checkEnrollment(inv.Enrollment); reason != "" {
+		return inv, "enrollment", reason
+	}
+	if _, err := time.Parse(time.RFC3339Nano, inv.IssuedAt); err != nil {
+		return inv, "issuedAt", fmt.Sprintf("its issuedAt %.40q is not an RFC 3339 time, so it cannot be ordered against other invitations", inv.IssuedAt)
+	}
+	return inv, "", ""
+}
+
+// checkEnrollment refuses an enrollment that could do harm where it ends up
+// (JSON, a command's view of its files, logs): empty, over-long, control
+// characters, path separators, "..", a leading '-' or '.'. It returns why,
+// or "" for a safe one.
+func checkEnrollment(e string) string {
+	switch {
+	case e == "":
+		return "its enrollment is empty; the console must name the enrollment it grants"
+	case len(e) > MaxEnrollment:
+		return fmt.Sprintf("its enrollment is %d bytes long, over the %d an enrollment may hold", len(e), MaxEnrollment)
+	case !utf8.ValidString(e) || strings.IndexFunc(e, unicode.IsControl) >= 0:
+		return fmt.Sprintf("its enrollment %.40q holds a control character or invalid UTF-8", e)
+	case strings.ContainsAny(e, `/\`):
+		return fmt.Sprintf("its enrollment %.40q holds a path separator, which could lead outside the opt dir", e)
+	case strings.Contains(e, ".."):
+		return fmt.Sprintf("its enrollment %.40q holds \"..\", which could lead outside the opt dir", e)
+	case !isAlnum(rune(e[0])):
+		return fmt.Sprintf("its enrollment %.40q starts with %q; an enrollment starts with a letter or digit, so it is never read as an option or a hidden file", e, e[0])
+	}
+	for _, r := range e {
+		if !isAlnum(r) && !strings.ContainsRune("._:-", r) {
+			return fmt.Sprintf("its enrollment %.40q holds %q; an enrollment is letters, digits, '.', '_', ':' and '-'", e, r)
+		}
+	}
+	return ""
+}
+
+func isAlnum(r rune) bool {
+	return (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9')
+}
+
+// issuedAfter reports whether a is strictly later than b (both RFC 3339).
+func issuedAfter(a, b string) bool {
+	ta, errA := time.Parse(time.RFC3339Nano, a)
+	tb, errB := time.Parse(time.RFC3339Nano, b)
+	if errA != nil {
+		return false
+	}
+	if errB != nil {
+		return true
+	}
+	return ta.After(tb)
+}
+
+// writeFiles writes enrollment.json, then policy.json, durably. The
+// enrollment goes first so that a crash between the two leaves a box that
+// `steward join status` calls invited, never a policy without its
+// enrollment.
+func (w *Worker) writeFiles(st armStage, floor events.HostFloor) error {
+	dir := joinDir(w.cfg.OptDir)
+	if fi, err := os.Lstat(dir); err == nil && !fi.IsDir() {
+		return fmt.Errorf("%s is not a folder (%s); remove it so the guard's files are written where expected", dir, fi.Mode().Type())
+	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("inspect %s: %w", dir, err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	// MkdirAll leaves an existing folder's mode alone and cuts a new one's
+	// by the umask; the guard's folder is exactly 0700 either way.
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("make %s 0700: %w", dir, err)
+	}
+	for _, p := range []string{filepath.Dir(dir), w.cfg.OptDir} {
+		if err := atomicfile.SyncDir(p); err != nil {
+			return err
+		}
+	}
+	enr, err := json.MarshalIndent(Enrollment{Box: w.cfg.Box, Enrollment: st.Enrollment, InstanceID: st.InstanceID}, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.Write(enrollmentPath(w.cfg.OptDir), append(enr, '\n'), 0o600); err != nil {
+		return err
+	}
+	pol, err := json.MarshalIndent(Policy{Schema: 1, Deployment: w.cfg.Deployment, Mode: "armed", Floor: floor}, "", "  ")
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(policyPath(w.cfg.OptDir), append(pol, '\n'), 0o600)
+}
+
+// arm runs the arm command and, once the marker names this box and
+// enrollment, reports join.armed. Every failure is retried.
+func (w *Worker) arm(ctx context.Context, d *workers.Delivery, st armStage) error {
+	cmd := exec.CommandContext(ctx, w.armPath,
+		"-policy", policyPath(w.cfg.OptDir),
+		"-identity", w.cfg.IdentityRecord,
+		"-enrollment", enrollmentPath(w.cfg.OptDir))
+	out := &tail{max: 1024}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.WaitDelay = 5 * time.Second
+	start := time.Now()
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("arm command %s for box %s, enrollment %s (event %s): %w; output: %q; retried with the files already written",
+			w.cfg.ArmCommand, w.cfg.Box, st.Enrollment, d.Event.ID(), err, out.String())
+	}
+	marker, exists, err := readEnrollmentFile(w.cfg.ArmedMarker)
+	switch {
+	case err != nil:
+		return fmt.Errorf("arm command %s for box %s (event %s) succeeded, but %w; retried", w.cfg.ArmCommand, w.cfg.Box, d.Event.ID(), err)
+	case !exists || marker.Box != w.cfg.Box || marker.Enrollment != st.Enrollment:
+		return fmt.Errorf("arm command %s for box %s (event %s) succeeded, but the armed marker %s does not name box %s and enrollment %s (found box %q, enrollment %.70q); retried",
+			w.cfg.ArmCommand, w.cfg.Box, d.Event.ID(), w.cfg.ArmedMarker, w.cfg.Box, st.Enrollment, marker.Box, marker.Enrollment)
+	}
+	d.Log.Info().Str("enrollment", st.Enrollment).Dur("arm_duration", time.Since(start)).Msg("host guard armed")
+	return d.Emit(ctx, OutcomeArmed, map[string]string{"box": w.cfg.Box, "enrollment": st.Enrollment, "deployment": w.cfg.Deployment})
+}
+
+func (w *Worker) refuse(ctx context.Context, d *workers.Delivery, box, rule, reason string) error {
+	if err := d.Emit(ctx, OutcomeRefused, map[string]string{"box": box, "rule": rule, "reason": reason}); err != nil {
+		return err
+	}
+	return workers.Permanent(fmt.Errorf("%w: the invitation for box %s (event %s) is refused [%s]: %s; the guard was not armed",
+		ErrRefused, box, d.Event.ID(), rule, reason))
+}
+
+// tail keeps the last max bytes written to it: enough of a failing
+// command's output to say why, never an unbounded buffer.
+type tail struct {
+	max int
+	buf []byte
+}
+
+func (t *tail) Write(p []byte) (int, error) {
+	t.buf = append(t.buf, p...)
+	if len(t.buf) > t.max {
+		t.buf = t.buf[len(t.buf)-t.max:]
+	}
+	return len(p), nil
+}
+
+func (t *tail) String() string { return strings.TrimSpace(string(t.buf)) }

@@ -1,0 +1,244 @@
+// Package join is the join worker: it runs on a box, as the box, and arms
+// the box's host guard when the console invites it. An invitation grants
+// nothing by itself; it is the console's signed statement that this box,
+// with this identity record, may enroll. The worker verifies it, and the
+// deployment's host floor signed by the release key, before it writes the
+// guard's policy and enrollment and runs the arm command.
+//
+// Events handled (DESIGN §2, §5):
+//   - dev.steward.hostfloor.published.v1: a verified floor for this
+//     deployment is kept in the worker's state ("floor"), the newest by
+//     minAgentVersion: the version is signed, a stream sequence is not, so
+//     a republished old floor never rolls the floor back. Outcomes
+//     floor-accepted, floor-kept (not newer) and floor-refused (DLQ).
+//     Another deployment's floor is acknowledged and logged.
+//   - dev.steward.invitation.written.v1 for this box: armed-already when the
+//     marker names this box and enrollment; otherwise verified, then
+//     <opt>/system/join/enrollment.json and policy.json are written durably
+//     and the arm command runs; the outcome is armed. Refusals are
+//     refused (DLQ) with the rule that failed. Invitations are ordered by
+//     their signed issuedAt (state "invitation"): one older than the newest
+//     accepted, for another enrollment, is superseded and changes nothing.
+//     A newer invitation for another enrollment re-arms the box.
+package join
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/signing"
+	"github.com/steward-dev/steward/workers"
+)
+
+// Name is the worker's name: outcomes are dev.steward.join.<outcome>.v1.
+const Name = "join"
+
+// Outcomes the worker emits.
+const (
+	OutcomeArmed         = "armed"
+	OutcomeArmedAlready  = "armed-already"
+	OutcomeRefused       = "refused"
+	OutcomeSuperseded    = "superseded"
+	OutcomeFloorAccepted = "floor-accepted"
+	OutcomeFloorKept     = "floor-kept"
+	OutcomeFloorRefused  = "floor-refused"
+)
+
+// ErrRefused marks every refusal: an event that verifies wrongly or names
+// something that is not this box's. It is always wrapped in
+// workers.Permanent, so the event goes to the DLQ with the reason.
+var ErrRefused = errors.New("join refused")
+
+// Config is the join worker's configuration (DESIGN §6, join settings).
+type Config struct {
+	// Box is this box's name; the worker consumes only its invitations.
+	Box string
+	// Deployment the box joins; floors and invitations name it.
+	Deployment string
+	// ConsoleKey is the console's ed25519 public key (PEM PKIX) that signs
+	// invitations.
+	ConsoleKey string
+	// ReleaseKey is the release ed25519 public key (PEM PKIX) that signs
+	// host floors.
+	ReleaseKey string
+	// IdentityRecord is the path of this box's published identity record
+	// (JSON with at least box and instanceId); invitations carry its
+	// SHA-256.
+	IdentityRecord string
+	// InstanceIDFile is a file holding this instance's ID. Exactly one of
+	// it and InstanceIDURL is set.
+	InstanceIDFile string
+	// InstanceIDURL is a metadata URL answering this instance's ID to an
+	// HTTP GET.
+	InstanceIDURL string
+	// OptDir is the absolute folder under which system/join/ is written.
+	OptDir string
+	// ArmCommand is the program that arms the guard; it is run without a
+	// shell as: <cmd> -policy <path> -identity <path> -enrollment <path>.
+	ArmCommand string
+	// ArmedMarker is the file the arm command writes once armed; its
+	// content is the enrollment JSON.
+	ArmedMarker string
+}
+
+// AddFlags registers the settings as flags named like their STEWARD_*
+// environment twins.
+func (c *Config) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.Box, "box", c.Box, "this box's name; only its invitations are consumed")
+	fs.StringVar(&c.Deployment, "deployment", c.Deployment, "the deployment this box joins")
+	fs.StringVar(&c.ConsoleKey, "console-key", c.ConsoleKey, "the console's ed25519 public key (PEM) that signs invitations")
+	fs.StringVar(&c.ReleaseKey, "release-key", c.ReleaseKey, "the release ed25519 public key (PEM) that signs host floors")
+	fs.StringVar(&c.IdentityRecord, "identity-record", c.IdentityRecord, "path of this box's published identity record (JSON: box, instanceId)")
+	fs.StringVar(&c.InstanceIDFile, "instance-id-file", c.InstanceIDFile, "file holding this instance's ID (or use --instance-id-url)")
+	fs.StringVar(&c.InstanceIDURL, "instance-id-url", c.InstanceIDURL, "metadata URL answering this instance's ID over HTTP GET (or use --instance-id-file)")
+	fs.StringVar(&c.OptDir, "opt-dir", c.OptDir, "absolute folder under which system/join/policy.json and enrollment.json are written")
+	fs.StringVar(&c.ArmCommand, "arm-command", c.ArmCommand, "program run as <cmd> -policy P -identity I -enrollment E to arm the host guard")
+	fs.StringVar(&c.ArmedMarker, "armed-marker", c.ArmedMarker, "file the arm command writes once the guard is armed")
+}
+
+// Worker is the join worker of one box.
+type Worker struct {
+	cfg        Config
+	consoleKey ed25519.PublicKey
+	releaseKey ed25519.PublicKey
+	armPath    string
+	http       *http.Client
+}
+
+// New checks cfg and loads the two public keys.
+func New(cfg Config) (*Worker, error) {
+	if err := events.CheckKey(cfg.Box); err != nil {
+		return nil, fmt.Errorf("--box: %w", err)
+	}
+	if err := events.CheckKey(cfg.Deployment); err != nil {
+		return nil, fmt.Errorf("--deployment: %w", err)
+	}
+	consoleKey, err := loadEd25519("--console-key", cfg.ConsoleKey)
+	if err != nil {
+		return nil, err
+	}
+	releaseKey, err := loadEd25519("--release-key", cfg.ReleaseKey)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.IdentityRecord == "" {
+		return nil, errors.New("--identity-record: required: the path of this box's published identity record")
+	}
+	switch {
+	case cfg.InstanceIDFile == "" && cfg.InstanceIDURL == "":
+		return nil, errors.New("--instance-id-file or --instance-id-url: one is required, to read this instance's ID")
+	case cfg.InstanceIDFile != "" && cfg.InstanceIDURL != "":
+		return nil, errors.New("--instance-id-file and --instance-id-url: set one, not both, so the instance ID has one source")
+	case cfg.InstanceIDURL != "":
+		u, err := url.Parse(cfg.InstanceIDURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("--instance-id-url: %q must be an http or https URL with a host", cfg.InstanceIDURL)
+		}
+	}
+	if cfg.OptDir == "" || !filepath.IsAbs(cfg.OptDir) {
+		return nil, fmt.Errorf("--opt-dir: %q must be an absolute path, so the guard's files never depend on the working directory", cfg.OptDir)
+	}
+	cfg.OptDir = filepath.Clean(cfg.OptDir)
+	if cfg.ArmCommand == "" {
+		return nil, errors.New("--arm-command: required: the program that arms the host guard")
+	}
+	armPath, err := exec.LookPath(cfg.ArmCommand)
+	if err != nil {
+		return nil, fmt.Errorf("--arm-command: %q is not an executable program: %w", cfg.ArmCommand, err)
+	}
+	if cfg.ArmedMarker == "" {
+		return nil, errors.New("--armed-marker: required: the file the arm command writes once armed")
+	}
+	return &Worker{
+		cfg:        cfg,
+		consoleKey: consoleKey,
+		releaseKey: releaseKey,
+		armPath:    armPath,
+		http:       &http.Client{Timeout: 5 * time.Second},
+	}, nil
+}
+
+func loadEd25519(flag, path string) (ed25519.PublicKey, error) {
+	if path == "" {
+		return nil, fmt.Errorf("%s: required: an ed25519 public key file (PEM PKIX)", flag)
+	}
+	pub, err := signing.LoadPublicKey(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	ed, ok := pub.(ed25519.PublicKey)
+	if !ok {
+		return nil, fmt.Errorf("%s: %s holds a %T key; DSSE envelopes are verified with ed25519", flag, path, pub)
+	}
+	return ed, nil
+}
+
+// Spec consumes this box's invitations and every host floor.
+func (w *Worker) Spec() workers.Spec {
+	inv, _ := events.Lookup(events.TypeInvitationWritten)
+	floor, _ := events.Lookup(events.TypeHostFloorPublished)
+	return workers.Spec{
+		Name:     Name,
+		Instance: w.cfg.Box,
+		Subjects: []string{inv.FilterSubject(w.cfg.Box), floor.FilterSubject("")},
+		Types:    []string{events.TypeInvitationWritten, events.TypeHostFloorPublished},
+	}
+}
+
+// Handle applies one invitation or host floor.
+func (w *Worker) Handle(ctx context.Context, d *workers.Delivery) error {
+	switch d.Event.Type() {
+	case events.TypeInvitationWritten:
+		return w.handleInvitation(ctx, d)
+	case events.TypeHostFloorPublished:
+		return w.handleFloor(ctx, d)
+	}
+	return workers.Permanent(fmt.Errorf("%w: event %s (%s) has type %q, which the join worker does not handle", ErrRefused, d.Event.ID(), d.Key, d.Event.Type()))
+}
+
+// Close releases nothing: the worker holds no connections of its own.
+func (w *Worker) Close() error { return nil }
+
+// Paths of the guard's files under the opt dir.
+func joinDir(opt string) string        { return filepath.Join(opt, "system", "join") }
+func policyPath(opt string) string     { return filepath.Join(joinDir(opt), "policy.json") }
+func enrollmentPath(opt string) string { return filepath.Join(joinDir(opt), "enrollment.json") }
+
+// PolicyPath is where the worker writes the guard's policy for an opt dir.
+func PolicyPath(optDir string) string { return policyPath(optDir) }
+
+// EnrollmentPath is where the worker writes the enrollment for an opt dir.
+func EnrollmentPath(optDir string) string { return enrollmentPath(optDir) }
+
+// Policy is <opt>/system/join/policy.json.
+type Policy struct {
+	Schema     int              `json:"schema"`
+	Deployment string           `json:"deployment"`
+	Mode       string           `json:"mode"`
+	Floor      events.HostFloor `json:"floor"`
+}
+
+// Enrollment is <opt>/system/join/enrollment.json, and the content of the
+// armed marker the arm command writes.
+type Enrollment struct {
+	Box        string `json:"box"`
+	Enrollment string `json:"enrollment"`
+	InstanceID string `json:"instanceId"`
+}
+
+// IdentityRecord is the part of a box's published identity record the
+// worker reads.
+type IdentityRecord struct {
+	Box        string `json:"box"`
+	InstanceID string `json:"instanceId"`
+}
