@@ -1,0 +1,228 @@
+package converge
+
+import (
+	"crypto"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/signing"
+)
+
+// The runners a converge worker can use.
+const (
+	// RunnerCloudRun runs the release's ops image as a Cloud Run job.
+	RunnerCloudRun = "cloudrun"
+	// RunnerExec runs a local command, for development and compose.
+	RunnerExec = "exec"
+)
+
+// DefaultTaskTimeout bounds one run of the ops job. An upgrade that takes
+// longer is stuck, and Cloud Run ends it as failed.
+const DefaultTaskTimeout = time.Hour
+
+// MaxTaskTimeout is the longest task timeout Cloud Run accepts for a job.
+const MaxTaskTimeout = 168 * time.Hour
+
+// Config is a converge worker instance's configuration. Every field has a
+// flag (AddFlags) whose STEWARD_* environment twin cmd/steward maps.
+type Config struct {
+	// Install is the install this worker converges (--install); it names
+	// the durable consumer and the outcomes' subject.
+	Install string
+	// Registry is where releases are read: a directory or an https base
+	// URL holding <version>/manifest.json and manifest.json.sig.
+	Registry string
+	// ReleaseKey is the PEM (PKIX) file of the public key releases are
+	// signed with: ECDSA P-256 as cosign writes it, or ed25519.
+	ReleaseKey string
+	// InstalledVersion is the version the install runs when this worker
+	// first starts. Once the worker has recorded a version it is ignored.
+	InstalledVersion string
+	// Runner is RunnerCloudRun or RunnerExec.
+	Runner string
+	// ExecCommand is the shell command the exec runner runs (sh -c).
+	ExecCommand string
+	// TaskTimeout bounds one run of the ops job (both runners).
+	TaskTimeout time.Duration
+
+	// The cloudrun runner's settings: the job lives at
+	// projects/<CloudRunProject>/locations/<CloudRunRegion>/jobs/<CloudRunJob>.
+	CloudRunProject string
+	CloudRunRegion  string
+	CloudRunJob     string
+	// CloudRunServiceAccount is the identity the ops job runs as.
+	CloudRunServiceAccount string
+	// CloudRunAdminMember is the IAM member (user:, group:,
+	// serviceAccount: or domain:) who may run and view the job.
+	CloudRunAdminMember string
+	// CloudRunNetwork and CloudRunSubnet give the job Direct VPC egress
+	// when set.
+	CloudRunNetwork string
+	CloudRunSubnet  string
+	// CloudRunEndpoint points the client at an emulator or test server,
+	// in plaintext and without authentication. Empty means Google's API.
+	CloudRunEndpoint string
+
+	// httpClient fetches from an https registry; tests give one that
+	// trusts their server's certificate.
+	httpClient *http.Client
+	// pollInterval is how often a running execution is looked at.
+	pollInterval time.Duration
+}
+
+// AddFlags registers the converge flags on fs, named as DESIGN §6's
+// STEWARD_* settings without the prefix.
+func (c *Config) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.Install, "install", c.Install, "the install this worker converges (one subject token)")
+	fs.StringVar(&c.Registry, "registry", c.Registry, "release registry: a directory or an https base URL holding <version>/manifest.json and manifest.json.sig")
+	fs.StringVar(&c.ReleaseKey, "release-key", c.ReleaseKey, "PEM (PKIX) public key that signs releases (ECDSA P-256 as cosign writes it, or ed25519)")
+	fs.StringVar(&c.InstalledVersion, "installed-version", c.InstalledVersion, "version the install runs at the worker's first start (ignored once a version is recorded)")
+	runner := c.Runner
+	if runner == "" {
+		runner = RunnerCloudRun
+	}
+	fs.StringVar(&c.Runner, "runner", runner, "how the ops job runs: cloudrun or exec")
+	fs.StringVar(&c.ExecCommand, "exec-command", c.ExecCommand, "exec runner: shell command run with STEWARD_IMAGE, STEWARD_TARGET_VERSION, STEWARD_INSTALL and STEWARD_FROM_VERSION set")
+	timeout := c.TaskTimeout
+	if timeout == 0 {
+		timeout = DefaultTaskTimeout
+	}
+	fs.DurationVar(&c.TaskTimeout, "task-timeout", timeout, "longest one run of the ops job may take")
+	fs.StringVar(&c.CloudRunProject, "cloudrun-project", c.CloudRunProject, "cloudrun runner: Google Cloud project of the ops job")
+	fs.StringVar(&c.CloudRunRegion, "cloudrun-region", c.CloudRunRegion, "cloudrun runner: region of the ops job")
+	fs.StringVar(&c.CloudRunJob, "cloudrun-job", c.CloudRunJob, "cloudrun runner: name of the ops job")
+	fs.StringVar(&c.CloudRunServiceAccount, "cloudrun-service-account", c.CloudRunServiceAccount, "cloudrun runner: service account e-mail the ops job runs as")
+	fs.StringVar(&c.CloudRunAdminMember, "cloudrun-admin-member", c.CloudRunAdminMember, "cloudrun runner: IAM member granted roles/run.jobsExecutor and roles/run.viewer on the job")
+	fs.StringVar(&c.CloudRunNetwork, "cloudrun-network", c.CloudRunNetwork, "cloudrun runner: VPC network for Direct VPC egress (optional)")
+	fs.StringVar(&c.CloudRunSubnet, "cloudrun-subnet", c.CloudRunSubnet, "cloudrun runner: VPC subnetwork for Direct VPC egress (optional)")
+	fs.StringVar(&c.CloudRunEndpoint, "cloudrun-endpoint", c.CloudRunEndpoint, "cloudrun runner: host:port of an emulator or test server (plaintext, no authentication)")
+}
+
+var (
+	// Cloud Run's own rules, so nothing else reaches a resource name.
+	projectPattern = regexp.MustCompile(`^(?:[a-z][a-z0-9.-]{0,62}:)?[a-z][a-z0-9-]{4,28}[a-z0-9]$`)
+	regionPattern  = regexp.MustCompile(`^[a-z]+(?:-[a-z]+)+[0-9]+$`)
+	jobPattern     = regexp.MustCompile(`^[a-z](?:[a-z0-9-]{0,47}[a-z0-9])?$`)
+	saPattern      = regexp.MustCompile(`^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}$`)
+	memberPattern  = regexp.MustCompile(`^(?:user|group|serviceAccount):[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}$|^domain:[A-Za-z0-9.-]+\.[A-Za-z]{2,}$`)
+	// A network or subnet is a name or a resource path of names.
+	vpcPattern = regexp.MustCompile(`^[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?$|^projects/[a-z0-9.:-]+/(?:global/networks|regions/[a-z0-9-]+/subnetworks)/[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?$`)
+)
+
+// checked is a Config that passed validation, with what it loaded.
+type checked struct {
+	Config
+	key      crypto.PublicKey
+	keyID    string
+	registry registry
+}
+
+func (c Config) check() (*checked, error) {
+	if err := events.CheckKey(c.Install); err != nil {
+		return nil, fmt.Errorf("--install: %w", err)
+	}
+	if c.Registry == "" {
+		return nil, fmt.Errorf("--registry is required: a directory or an https base URL holding <version>/manifest.json and manifest.json.sig")
+	}
+	reg, err := newRegistry(c.Registry, c.httpClient)
+	if err != nil {
+		return nil, err
+	}
+	if c.ReleaseKey == "" {
+		return nil, fmt.Errorf("--release-key is required: the PEM public key releases are signed with")
+	}
+	key, err := signing.LoadPublicKey(c.ReleaseKey)
+	if err != nil {
+		return nil, fmt.Errorf("--release-key: %w", err)
+	}
+	if c.InstalledVersion != "" {
+		if err := events.CheckVersion(c.InstalledVersion); err != nil {
+			return nil, fmt.Errorf("--installed-version: %w", err)
+		}
+	}
+	if c.TaskTimeout == 0 {
+		c.TaskTimeout = DefaultTaskTimeout
+	}
+	if c.TaskTimeout < time.Second || c.TaskTimeout > MaxTaskTimeout {
+		return nil, fmt.Errorf("--task-timeout %v must be between 1s and %v", c.TaskTimeout, MaxTaskTimeout)
+	}
+	if c.pollInterval <= 0 {
+		c.pollInterval = 10 * time.Second
+	}
+	switch c.Runner {
+	case RunnerExec:
+		if strings.TrimSpace(c.ExecCommand) == "" {
+			return nil, fmt.Errorf("--exec-command is required with --runner exec")
+		}
+	case RunnerCloudRun:
+		if err := c.checkCloudRun(); err != nil {
+			return nil, err
+		}
+	case "":
+		return nil, fmt.Errorf("--runner is required: %s or %s", RunnerCloudRun, RunnerExec)
+	default:
+		return nil, fmt.Errorf("--runner %q: the runners are %s and %s", c.Runner, RunnerCloudRun, RunnerExec)
+	}
+	return &checked{Config: c, key: key, keyID: keyID(key), registry: reg}, nil
+}
+
+func (c Config) checkCloudRun() error {
+	for _, f := range []struct {
+		flag, value string
+		re          *regexp.Regexp
+		rule        string
+	}{
+		{"--cloudrun-project", c.CloudRunProject, projectPattern, "a Google Cloud project id (6-30 lowercase letters, digits or '-')"},
+		{"--cloudrun-region", c.CloudRunRegion, regionPattern, "a Cloud Run region such as europe-west1"},
+		{"--cloudrun-job", c.CloudRunJob, jobPattern, "a Cloud Run job name (a lowercase letter, then up to 48 lowercase letters, digits or '-', not ending in '-')"},
+		{"--cloudrun-service-account", c.CloudRunServiceAccount, saPattern, "a service account e-mail"},
+		{"--cloudrun-admin-member", c.CloudRunAdminMember, memberPattern, "an IAM member: user:, group: or serviceAccount: and an e-mail, or domain: and a domain"},
+	} {
+		if f.value == "" {
+			return fmt.Errorf("%s is required with --runner %s: %s", f.flag, RunnerCloudRun, f.rule)
+		}
+		if !f.re.MatchString(f.value) {
+			return fmt.Errorf("%s %q is not %s", f.flag, f.value, f.rule)
+		}
+	}
+	for _, f := range []struct{ flag, value string }{{"--cloudrun-network", c.CloudRunNetwork}, {"--cloudrun-subnet", c.CloudRunSubnet}} {
+		if f.value != "" && !vpcPattern.MatchString(f.value) {
+			return fmt.Errorf("%s %q is not a VPC name or projects/... resource path", f.flag, f.value)
+		}
+	}
+	if c.CloudRunEndpoint != "" {
+		if u, err := url.Parse("grpc://" + c.CloudRunEndpoint); err != nil || u.Host != c.CloudRunEndpoint || u.Port() == "" {
+			return fmt.Errorf("--cloudrun-endpoint %q is not host:port", c.CloudRunEndpoint)
+		}
+	}
+	return nil
+}
+
+// keyID names a public key in messages: the first 16 hex digits of the
+// SHA-256 of its PKIX encoding, so an operator can tell keys apart.
+func keyID(pub crypto.PublicKey) string {
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return "unknown"
+	}
+	sum := sha256.Sum256(der)
+	return "sha256:" + hex.EncodeToString(sum[:8])
+}
+
+// fileExists reports whether path names something; errors other than "not
+// there" count as present, so a file that cannot be read is never replaced.
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return !os.IsNotExist(err)
+}
