@@ -1,0 +1,78 @@
+package credential
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// DevHive is the hive of the development instance `steward dev` runs.
+const DevHive = "dev-hive"
+
+// Dev prepares a development credential worker under dir/credential: an age
+// identity (identity.txt, made once and reused), the credential directory
+// (files/) and a sample secret file (dev-secret.txt) to publish. It returns
+// the Config and the lines that tell a newcomer how to publish a rotation.
+func Dev(ctx context.Context, dir string) (Config, []string, error) {
+	if err := ctx.Err(); err != nil {
+		return Config{}, nil, err
+	}
+	base := filepath.Join(dir, "credential")
+	cfg := Config{
+		Hive:          DevHive,
+		AgeIdentity:   filepath.Join(base, "identity.txt"),
+		CredentialDir: filepath.Join(base, "files"),
+	}
+	if err := os.MkdirAll(base, 0o700); err != nil {
+		return Config{}, nil, fmt.Errorf("dev credential worker: %w", err)
+	}
+	if err := os.MkdirAll(cfg.CredentialDir, 0o755); err != nil {
+		return Config{}, nil, fmt.Errorf("dev credential worker: %w", err)
+	}
+	recipient, err := devIdentity(cfg.AgeIdentity)
+	if err != nil {
+		return Config{}, nil, fmt.Errorf("dev credential worker: %w", err)
+	}
+	secretFile := filepath.Join(base, "dev-secret.txt")
+	if _, err := os.Stat(secretFile); errors.Is(err, fs.ErrNotExist) {
+		b := make([]byte, 16)
+		rand.Read(b)
+		if err := createExclusive(secretFile, []byte("dev-secret-"+hex.EncodeToString(b)), 0o600); err != nil && !errors.Is(err, fs.ErrExist) {
+			return Config{}, nil, fmt.Errorf("dev credential worker: %w", err)
+		}
+	} else if err != nil {
+		return Config{}, nil, fmt.Errorf("dev credential worker: %w", err)
+	}
+	lines := []string{
+		fmt.Sprintf("credential: hive %s writes %s/{%s,%s}; its age recipient is %s", DevHive, cfg.CredentialDir, ClientIDFile, SecretFile, recipient),
+		fmt.Sprintf(`  rotate it: go run ./cmd/steward publish --type dev.steward.credential.rotated.v1 --data '{"hive":"%s","version":1,"clientId":"dev-client"}' --secret-file %s --recipient %s`, DevHive, secretFile, recipient),
+		"  (raise \"version\" for every new rotation: one not above the applied version is skipped)",
+	}
+	return cfg, lines, nil
+}
+
+// devIdentity reuses the identity at path or makes one, and returns its
+// recipient.
+func devIdentity(path string) (string, error) {
+	id, err := loadIdentity(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		recipient, err := GenerateIdentity(path)
+		if errors.Is(err, fs.ErrExist) {
+			// Another `steward dev` made it meanwhile: use that one.
+			return devIdentity(path)
+		}
+		return recipient, err
+	}
+	if err != nil {
+		return "", err
+	}
+	if len(id.recipients) == 0 {
+		return "", fmt.Errorf("%s holds no X25519 identity; move it aside and run steward dev again", path)
+	}
+	return id.recipients[0], nil
+}

@@ -1,0 +1,304 @@
+package credential
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/rs/zerolog"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/workers"
+)
+
+func newTestWorker(t testing.TB) (*Worker, string) {
+	t.Helper()
+	base := t.TempDir()
+	recipient, err := GenerateIdentity(filepath.Join(base, "identity.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(base, "files")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	w, err := New(Config{Hive: "h1", AgeIdentity: filepath.Join(base, "identity.txt"), CredentialDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w, recipient
+}
+
+func noSave(string) error { return nil }
+
+func rotation(t testing.TB, recipient string, version uint64, clientID, secret string) events.CredentialRotated {
+	t.Helper()
+	ct, err := EncryptSecret(recipient, []byte(secret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return events.CredentialRotated{Hive: "h1", Version: version, ClientID: clientID, Secret: ct}
+}
+
+// state is what a reader can see: where ..data points and the pair.
+func state(t *testing.T, dir string) string {
+	t.Helper()
+	link, _ := os.Readlink(filepath.Join(dir, DataLink))
+	c, _ := os.ReadFile(filepath.Join(dir, ClientIDFile))
+	s, _ := os.ReadFile(filepath.Join(dir, SecretFile))
+	entries, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return link + "|" + string(c) + "|" + string(s) + "|" + strings.Join(names, ",")
+}
+
+// TestHandlerRefusesEmptyFields covers the handler's own checks on fields
+// the schema already refuses on the bus, so the handler does not rely on
+// the schema alone.
+func TestHandlerRefusesEmptyFields(t *testing.T) {
+	w, recipient := newTestWorker(t)
+	log := zerolog.Nop()
+	if r := w.rotate(rotation(t, recipient, 1, "client-1", "s3cr3t-1"), "ev-1", "", noSave, log); r.outcome != OutcomeApplied || r.err != nil {
+		t.Fatalf("first rotation: %s %v", r.outcome, r.err)
+	}
+	before := state(t, w.dir)
+	good := rotation(t, recipient, 2, "client-2", "s3cr3t-2")
+	cases := map[string]events.CredentialRotated{
+		"empty client id":      {Hive: "h1", Version: 2, ClientID: "", Secret: good.Secret},
+		"blank client id":      {Hive: "h1", Version: 2, ClientID: " \t", Secret: good.Secret},
+		"empty secret":         {Hive: "h1", Version: 2, ClientID: "client-2", Secret: ""},
+		"blank secret":         {Hive: "h1", Version: 2, ClientID: "client-2", Secret: "\n "},
+		"empty hive":           {Hive: "", Version: 2, ClientID: "client-2", Secret: good.Secret},
+		"secret not armored":   {Hive: "h1", Version: 2, ClientID: "client-2", Secret: "s3cr3t-2"},
+		"empty plaintext":      rotation(t, recipient, 2, "client-2", ""),
+		"another hive's event": {Hive: "h2", Version: 2, ClientID: "client-2", Secret: good.Secret},
+	}
+	for name, data := range cases {
+		r := w.rotate(data, "ev-"+name, "", noSave, log)
+		if r.outcome != OutcomeRefused || !workers.IsPermanent(r.err) {
+			t.Errorf("%s: outcome %q, error %v; want a permanent refusal", name, r.outcome, r.err)
+			continue
+		}
+		ref := r.data.(Refused)
+		if ref.Reason == "" || !strings.Contains(r.err.Error(), "ev-"+name) {
+			t.Errorf("%s: the refusal %q (error %q) does not say why or name the event", name, ref.Reason, r.err)
+		}
+		if strings.Contains(r.err.Error(), "s3cr3t") || strings.Contains(ref.Reason, "s3cr3t") {
+			t.Errorf("%s: a secret is in the refusal", name)
+		}
+		if got := state(t, w.dir); got != before {
+			t.Fatalf("%s changed the files:\n%s\n%s", name, before, got)
+		}
+	}
+}
+
+func TestReadAppliedNeverTakesAnUnreadableStateForNone(t *testing.T) {
+	base := t.TempDir()
+	mk := func(name string, setup func(dir string)) string {
+		dir := filepath.Join(base, name)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		setup(dir)
+		return dir
+	}
+	unreadable := map[string]string{
+		"missing directory": filepath.Join(base, "absent"),
+		"directory is a file": func() string {
+			p := filepath.Join(base, "file")
+			os.WriteFile(p, nil, 0o644)
+			return p
+		}(),
+		"..data is a file": mk("datafile", func(d string) { os.WriteFile(filepath.Join(d, DataLink), []byte("x"), 0o644) }),
+		"..data points elsewhere": mk("elsewhere", func(d string) {
+			os.Mkdir(filepath.Join(d, "other"), 0o755)
+			os.Symlink("other", filepath.Join(d, DataLink))
+		}),
+		"..data dangles":     mk("dangles", func(d string) { os.Symlink("..v5-abc", filepath.Join(d, DataLink)) }),
+		"..data is absolute": mk("absolute", func(d string) { os.Symlink(filepath.Join(d, "..v5-abc"), filepath.Join(d, DataLink)) }),
+		"..data leading zero": mk("zero", func(d string) {
+			os.Mkdir(filepath.Join(d, "..v05-abc"), 0o755)
+			os.Symlink("..v05-abc", filepath.Join(d, DataLink))
+		}),
+		"..data has no suffix": mk("nosuffix", func(d string) {
+			os.Mkdir(filepath.Join(d, "..v5"), 0o755)
+			os.Symlink("..v5", filepath.Join(d, DataLink))
+		}),
+		"..data points to file": mk("tofile", func(d string) {
+			os.WriteFile(filepath.Join(d, "..v5-abc"), nil, 0o644)
+			os.Symlink("..v5-abc", filepath.Join(d, DataLink))
+		}),
+	}
+	for name, dir := range unreadable {
+		if got, err := readApplied(dir); err == nil {
+			t.Errorf("%s: read as version %d, want an error", name, got.version)
+		} else if !strings.Contains(err.Error(), dir) {
+			t.Errorf("%s: the error %q does not name the path", name, err)
+		}
+	}
+	empty := mk("empty", func(string) {})
+	if got, err := readApplied(empty); err != nil || got.version != 0 {
+		t.Fatalf("an empty directory: %+v, %v; want version 0", got, err)
+	}
+	ours := mk("ours", func(d string) {
+		os.Mkdir(filepath.Join(d, "..v42-123"), 0o755)
+		os.Symlink("..v42-123", filepath.Join(d, DataLink))
+	})
+	if got, err := readApplied(ours); err != nil || got.version != 42 || got.folder != "..v42-123" {
+		t.Fatalf("version 42: %+v, %v", got, err)
+	}
+}
+
+// TestResumeAfterCrash plays the crashes between the steps of a rotation.
+func TestResumeAfterCrash(t *testing.T) {
+	w, recipient := newTestWorker(t)
+	log := zerolog.Nop()
+	data := rotation(t, recipient, 1, "client-1", "s3cr3t-1")
+
+	// Crash after the swap, before the stable links: the redelivery (with
+	// its saved stage) finishes and reports applied.
+	folder, err := writeVersion(w.dir, 1, "client-1", []byte("s3cr3t-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := swap(w.dir, folder); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(w.dir, SecretFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("setup: stable link exists: %v", err)
+	}
+	r := w.rotate(data, "ev-1", folder, noSave, log)
+	if r.outcome != OutcomeApplied || r.err != nil {
+		t.Fatalf("resume: %s %v", r.outcome, r.err)
+	}
+	if c, err := os.ReadFile(filepath.Join(w.dir, ClientIDFile)); err != nil || string(c) != "client-1" {
+		t.Fatalf("stable client_id after resume: %q %v", c, err)
+	}
+
+	// Without a stage (another event of the same version) it is skipped,
+	// and missing links are put back all the same.
+	os.Remove(filepath.Join(w.dir, SecretFile))
+	r = w.rotate(data, "ev-dup", "", noSave, log)
+	if r.outcome != OutcomeSkipped || r.err != nil || r.data.(Skipped).Applied != 1 {
+		t.Fatalf("duplicate version: %s %+v %v", r.outcome, r.data, r.err)
+	}
+	if s, err := os.ReadFile(filepath.Join(w.dir, SecretFile)); err != nil || string(s) != "s3cr3t-1" {
+		t.Fatalf("the secret link was not repaired: %v", err)
+	}
+
+	// Crash after writing a folder, before the swap: the orphan is not
+	// current and the next rotation removes it.
+	orphan, err := writeVersion(w.dir, 7, "client-7", []byte("s3cr3t-7"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := w.rotate(rotation(t, recipient, 2, "client-2", "s3cr3t-2"), "ev-2", "", noSave, log); r.outcome != OutcomeApplied {
+		t.Fatalf("after an orphan: %s %v", r.outcome, r.err)
+	}
+	if _, err := os.Stat(filepath.Join(w.dir, orphan)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the orphan %s is still there: %v", orphan, err)
+	}
+
+	// The stage cannot be saved: nothing is swapped, no folder is left,
+	// and the event is retried.
+	before := state(t, w.dir)
+	r = w.rotate(rotation(t, recipient, 3, "client-3", "s3cr3t-3"), "ev-3", "", func(string) error { return errors.New("KV is down") }, log)
+	if r.err == nil || workers.IsPermanent(r.err) || r.outcome != "" {
+		t.Fatalf("failed stage: %s %v; want a plain error and no outcome", r.outcome, r.err)
+	}
+	if got := state(t, w.dir); got != before {
+		t.Fatalf("a failed stage changed the files:\n%s\n%s", before, got)
+	}
+}
+
+func TestParseVersionFolder(t *testing.T) {
+	for name, want := range map[string]uint64{"..v1-a": 1, "..v18446744073709551615-x": 1<<64 - 1, "..v12-1234": 12} {
+		if got, ok := parseVersionFolder(name); !ok || got != want {
+			t.Errorf("%s: %d %v", name, got, ok)
+		}
+	}
+	for _, name := range []string{"", "..v", "..v-1", "..v0-a", "..v1", "..v1-", "..v01-a", "..v+1-a", "..v1-a/b", ".v1-a", "..data", "..v18446744073709551616-a"} {
+		if got, ok := parseVersionFolder(name); ok {
+			t.Errorf("%q parsed as version %d", name, got)
+		}
+	}
+}
+
+// BenchmarkRotate measures one rotation on disk: decrypt, write and fsync a
+// version folder, swap, clean up.
+func BenchmarkRotate(b *testing.B) {
+	w, recipient := newTestWorker(b)
+	data := rotation(b, recipient, 1, "client", "s3cr3t")
+	log := zerolog.Nop()
+	b.ResetTimer()
+	for i := range b.N {
+		data.Version = uint64(i + 1)
+		if r := w.rotate(data, "ev", "", noSave, log); r.outcome != OutcomeApplied {
+			b.Fatalf("%s %v", r.outcome, r.err)
+		}
+	}
+}
+
+// TestConcurrentWritersNeverRollBack runs two workers of the same hive on
+// one credential directory (two processes sharing the work) and checks the
+// applied version never moves backwards: the directory lock keeps one's read
+// of the applied version and its swap together.
+func TestConcurrentWritersNeverRollBack(t *testing.T) {
+	a, recipient := newTestWorker(t)
+	b := *a
+	ciphertext := rotation(t, recipient, 1, "c", "s3cr3t").Secret
+	const top = 120
+	done := make(chan struct{})
+	var backwards []string
+	monitorDone := make(chan struct{})
+	go func() {
+		defer close(monitorDone)
+		var last uint64
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			cur, err := readApplied(a.dir)
+			if err != nil {
+				continue
+			}
+			if cur.version < last && len(backwards) < 5 {
+				backwards = append(backwards, fmt.Sprintf("version %d after %d", cur.version, last))
+			}
+			last = max(last, cur.version)
+		}
+	}()
+	errs := make(chan error, 2)
+	for i, w := range []*Worker{a, &b} {
+		go func() {
+			for v := uint64(1 + i); v <= top; v += 2 {
+				data := events.CredentialRotated{Hive: "h1", Version: v, ClientID: fmt.Sprintf("client-%d", v), Secret: ciphertext}
+				if r := w.rotate(data, "ev", "", noSave, zerolog.Nop()); r.err != nil {
+					errs <- r.err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(done)
+	<-monitorDone
+	for _, b := range backwards {
+		t.Error(b)
+	}
+	if c, err := os.ReadFile(filepath.Join(a.dir, ClientIDFile)); err != nil || string(c) != fmt.Sprintf("client-%d", top) {
+		t.Fatalf("final client_id %q %v, want client-%d", c, err, top)
+	}
+}
