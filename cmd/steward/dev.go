@@ -1,0 +1,248 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/spf13/cobra"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/atomicfile"
+	"github.com/steward-dev/steward/publisher"
+	"github.com/steward-dev/steward/workers"
+)
+
+// tokenFile is where `steward dev` keeps its ingress token, under --dir.
+const tokenFile = "ingress-token"
+
+func newDevCmd(g *globals) *cobra.Command {
+	var dir, natsListen, httpListen string
+	rf := &runtimeFlags{}
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run everything on this machine with no set-up",
+		Long: `Run Steward on one machine with no set-up: an embedded NATS server with
+JetStream (on --nats-listen, never 4222, its store under <dir>/nats), the
+streams, every worker with development keys and fixtures under --dir, and the
+HTTP ingress with metrics, /healthz and /readyz on --http-listen. The ingress
+token is made once and kept in <dir>/ingress-token (0600).
+
+The NATS URL is printed on the first line; then what runs and how to publish.
+SIGINT or SIGTERM stops it gracefully. Everything it made stays in --dir and
+is reused by the next run.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			// A person reads dev's log, so it defaults to the console form.
+			if !cmd.Flags().Changed("log-format") {
+				g.logFormat = "console"
+				if err := g.setup(cmd.ErrOrStderr()); err != nil {
+					return err
+				}
+			}
+			return runDev(cmd.Context(), g, rf, cmd.OutOrStdout(), dir, natsListen, httpListen)
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&dir, "dir", ".steward", "folder for the NATS store, development keys and worker fixtures")
+	fs.StringVar(&natsListen, "nats-listen", "127.0.0.1:4223", "address of the embedded NATS server (not 4222, so a real NATS there is left alone)")
+	fs.StringVar(&httpListen, "http-listen", "127.0.0.1:8080", "address of the ingress, /metrics, /healthz and /readyz")
+	rf.add(fs)
+	return cmd
+}
+
+func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, dir, natsListen, httpListen string) error {
+	if err := os.MkdirAll(filepath.Join(dir, "nats"), 0o700); err != nil {
+		return fmt.Errorf("--dir: %w", err)
+	}
+	srv, err := startDevNATS(filepath.Join(dir, "nats"), natsListen)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	}()
+	url := srv.ClientURL()
+	fmt.Fprintf(out, "NATS with JetStream: %s (store %s)\n", url, filepath.Join(dir, "nats"))
+	fmt.Fprintf(out, "  export STEWARD_NATS_URL=%s   # for the steward commands below\n", url)
+
+	g.natsURL = url
+	nc, js, err := g.connect(ctx, "steward dev", false)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	if err := publisher.EnsureStreams(ctx, js, streamConfig(g)); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "streams: %s, %s, %s\n", publisher.StreamEvents, publisher.StreamOutcomes, publisher.StreamDLQ)
+
+	token, err := devToken(filepath.Join(dir, tokenFile))
+	if err != nil {
+		return err
+	}
+	reg := newRegistry()
+	var running []*workers.Worker
+	var mu sync.Mutex
+	ready := func() error {
+		if !nc.IsConnected() {
+			return fmt.Errorf("NATS is %s", nc.Status())
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, w := range running {
+			if err := w.Ready(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	mux, err := ingressMux(g, js, reg, token, publisher.DefaultMaxBody, ready)
+	if err != nil {
+		return err
+	}
+	bound, stopHTTP, err := serveHTTP(ctx, g.log, httpListen, mux)
+	if err != nil {
+		return fmt.Errorf("--http-listen: %w", err)
+	}
+	defer stopHTTP()
+	base := "http://" + bound
+	fmt.Fprintf(out, "ingress: POST %s%s  (bearer token %s, kept in %s)\n", base, publisher.IngressPath, token, filepath.Join(dir, tokenFile))
+	fmt.Fprintf(out, "metrics and health: %s/metrics  %s/healthz  %s/readyz\n", base, base, base)
+
+	runCtx, stopWorkers := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWorkers()
+	var wg sync.WaitGroup
+	for _, k := range kinds {
+		h, lines, err := k.dev(ctx, dir)
+		var w *workers.Worker
+		if err == nil {
+			w, err = workers.New(ctx, js, h.Spec(), h, rf.options(g, reg)...)
+		}
+		if err != nil {
+			fmt.Fprintf(out, "%s is not running: %s\n", k.name, oneLine(err))
+			if h != nil {
+				h.Close()
+			}
+			continue
+		}
+		spec := h.Spec()
+		fmt.Fprintf(out, "%s is running: consumer %s on %s\n", k.name, w.ConsumerName(), strings.Join(spec.Subjects, ", "))
+		for _, l := range lines {
+			fmt.Fprintf(out, "  %s\n", l)
+		}
+		mu.Lock()
+		running = append(running, w)
+		mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer h.Close()
+			if err := w.Run(runCtx); err != nil {
+				g.log.Error().Err(err).Str("worker", k.name).Msg("worker stopped")
+			}
+		}()
+	}
+	printHowToPublish(out, url, base, token)
+	fmt.Fprintln(out, "steward dev is running; Ctrl-C stops it")
+
+	<-ctx.Done()
+	fmt.Fprintln(out, "stopping: workers finish what they hold, then the ingress and NATS stop")
+	stopWorkers()
+	wg.Wait()
+	if err := nc.FlushTimeout(5 * time.Second); err != nil {
+		g.log.Warn().Err(err).Msg("NATS flush at shutdown")
+	}
+	return nil
+}
+
+// startDevNATS starts the embedded server. It refuses 4222, the port of a
+// NATS an operator may already run, whose streams dev must not touch.
+func startDevNATS(store, listen string) (*server.Server, error) {
+	host, portText, err := net.SplitHostPort(listen)
+	if err != nil {
+		return nil, fmt.Errorf("--nats-listen %q is not host:port: %w", listen, err)
+	}
+	port, err := strconv.Atoi(portText)
+	if err != nil || port < 0 || port > 65535 {
+		return nil, fmt.Errorf("--nats-listen %q: the port is not a number from 0 to 65535", listen)
+	}
+	if port == 4222 {
+		return nil, errors.New("--nats-listen: dev does not take 4222, the port of a real NATS server; use another (default 4223)")
+	}
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	// Checked first: the server reports a busy port only in its log.
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return nil, fmt.Errorf("--nats-listen %s: %w (is another steward dev running? give another --nats-listen)", listen, err)
+	}
+	ln.Close()
+	srv, err := server.NewServer(&server.Options{
+		ServerName: "steward-dev",
+		Host:       host,
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   store,
+		NoLog:      true,
+		NoSigs:     true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("embedded NATS: %w", err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(15 * time.Second) {
+		srv.Shutdown()
+		return nil, fmt.Errorf("embedded NATS on %s did not become ready in 15s (store %s)", listen, store)
+	}
+	return srv, nil
+}
+
+// devToken returns the ingress token kept at path, making it on first use.
+func devToken(path string) (string, error) {
+	raw, err := os.ReadFile(path)
+	if err == nil {
+		if tok := strings.TrimSpace(string(raw)); tok != "" {
+			return tok, nil
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("ingress token: %w", err)
+	}
+	b := make([]byte, 24)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	tok := hex.EncodeToString(b)
+	if err := atomicfile.Write(path, []byte(tok+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("ingress token: %w", err)
+	}
+	return tok, nil
+}
+
+func printHowToPublish(out io.Writer, natsURL, base, token string) {
+	typ := events.TypeReleasePublished
+	fmt.Fprintf(out, `
+how to publish an event (here a release; any program that sets NATS headers can):
+  go run ./cmd/steward publish --nats-url %[1]s --type %[2]s --data '{"version":"1.2.3"}'
+  nats --server %[1]s pub steward.events.release.published --header ce-specversion:1.0 --header ce-type:%[2]s --header ce-source:/cli --header ce-id:rel-1.2.3 --header ce-subject:1.2.3 --header content-type:application/json '{"version":"1.2.3"}'
+  curl -H 'Authorization: Bearer %[4]s' -H 'ce-specversion: 1.0' -H 'ce-type: %[2]s' -H 'ce-source: /cli' -H 'ce-id: rel-1.2.3' -H 'ce-subject: 1.2.3' -H 'content-type: application/json' -d '{"version":"1.2.3"}' %[3]s%[5]s
+then look: go run ./cmd/steward status --nats-url %[1]s  |  go run ./cmd/steward dlq ls --nats-url %[1]s
+`, natsURL, typ, base, token, publisher.IngressPath)
+}
+
+// oneLine keeps a multi-line reason on one printed line.
+func oneLine(err error) string { return strings.Join(strings.Fields(err.Error()), " ") }

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/atomicfile"
+	"github.com/steward-dev/steward/internal/streamread"
+	"github.com/steward-dev/steward/publisher"
+)
+
+func newExportCmd(g *globals) *cobra.Command {
+	var (
+		stream, since, out string
+		fromSeq            uint64
+		subjects           []string
+		limit              int
+	)
+	cmd := &cobra.Command{
+		Use:   "export",
+		Short: "Write a range of a stream as JSONL (one CloudEvent per line)",
+		Long: `Write the events of a stream range in the CloudEvents JSON format, one per line,
+to stdout or --out: the form 'steward publish --file' and workertest.PublishFile
+read back. The range ends at the last message stored when the export starts.
+A message that is not a CloudEvent (a malformed dead letter) is reported on
+stderr and left out.`,
+		Example: `  steward export --since 24h > yesterday.jsonl
+  steward export --subject 'steward.events.credential.rotated.>' --from-seq 100 --limit 50 --out rotations.jsonl`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r := streamread.Range{Stream: stream, Subjects: subjects, StartSeq: fromSeq, Limit: limit}
+			if since != "" {
+				if fromSeq != 0 {
+					return fmt.Errorf("--from-seq and --since both given: keep one")
+				}
+				t, err := parseSince(since, time.Now())
+				if err != nil {
+					return err
+				}
+				r.StartTime = t
+			}
+			if limit < 0 {
+				return fmt.Errorf("--limit %d: want 0 (no limit) or more", limit)
+			}
+			nc, js, err := g.connect(cmd.Context(), "steward export", false)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			var buf bytes.Buffer
+			w := io.Writer(&buf)
+			if out == "" {
+				w = cmd.OutOrStdout()
+			}
+			n, skipped := 0, 0
+			err = streamread.Each(cmd.Context(), js, r, func(m jetstream.Msg) error {
+				e, err := events.Decode(m.Headers(), m.Data())
+				if err != nil {
+					skipped++
+					meta, _ := m.Metadata()
+					var seq uint64
+					if meta != nil {
+						seq = meta.Sequence.Stream
+					}
+					fmt.Fprintf(cmd.ErrOrStderr(), "seq %d on %s is left out: %v\n", seq, m.Subject(), err)
+					return nil
+				}
+				n++
+				return events.WriteJSONL(w, e)
+			})
+			if err != nil {
+				return err
+			}
+			if out != "" {
+				// Written whole or not at all: a half export looks complete.
+				if err := atomicfile.Write(out, buf.Bytes(), 0o600); err != nil {
+					return fmt.Errorf("--out: %w", err)
+				}
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "exported %d events from %s (%d left out)\n", n, stream, skipped)
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&stream, "stream", publisher.StreamEvents, "the stream to read: "+publisher.StreamEvents+", "+publisher.StreamOutcomes+" or "+publisher.StreamDLQ)
+	fs.Uint64Var(&fromSeq, "from-seq", 0, "first stream sequence to export (default: the first kept)")
+	fs.StringVar(&since, "since", "", "export from this time on: RFC 3339 (2026-01-02T15:04:05Z) or a duration back from now (24h)")
+	fs.StringSliceVar(&subjects, "subject", nil, "only these subjects (wildcards allowed; repeat or comma-separate)")
+	fs.IntVar(&limit, "limit", 0, "stop after this many messages (0: no limit)")
+	fs.StringVar(&out, "out", "", "write to this file (atomically, mode 0600) instead of stdout")
+	return cmd
+}
+
+// parseSince reads a point in time: RFC 3339, or a duration back from now.
+func parseSince(v string, now time.Time) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339, v); err == nil {
+		return t, nil
+	}
+	if d, err := time.ParseDuration(v); err == nil && d > 0 {
+		return now.Add(-d), nil
+	}
+	return time.Time{}, fmt.Errorf("--since %q is neither an RFC 3339 time (2026-01-02T15:04:05Z) nor a positive duration (24h)", v)
+}

@@ -1,0 +1,207 @@
+// Command steward is Steward's one binary: the development stack (dev), a
+// worker (worker), the tools to publish, serve, export, replay and inspect
+// events (publish, serve, export, replay, dlq, status), development keys
+// (keys) and a benchmark (bench). Every flag has an environment twin:
+// --nats-url is STEWARD_NATS_URL.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := newRoot().ExecuteContext(ctx)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "steward:", err)
+		os.Exit(1)
+	}
+}
+
+// globals holds the flags every command shares (DESIGN §6, "all").
+type globals struct {
+	natsURL   string
+	natsCreds string
+	replicas  int
+	httpAddr  string
+	logLevel  string
+	logFormat string
+
+	log zerolog.Logger
+}
+
+func newRoot() *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:   "steward",
+		Short: "Steward turns infrastructure state changes into safe, repeatable actions",
+		Long: `Steward turns infrastructure state changes into safe, repeatable actions:
+state changes are CloudEvents on NATS JetStream, and idempotent workers apply them.
+
+Every flag has an environment twin, STEWARD_<FLAG> with '-' as '_'
+(--nats-url is STEWARD_NATS_URL); a flag given on the command line wins.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			if err := applyEnv(cmd.Flags()); err != nil {
+				return err
+			}
+			return g.setup(cmd.ErrOrStderr())
+		},
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.natsURL, "nats-url", nats.DefaultURL, "NATS server URL(s), comma-separated")
+	pf.StringVar(&g.natsCreds, "nats-creds", "", "NATS credentials file (user JWT and nkey seed)")
+	pf.IntVar(&g.replicas, "replicas", 1, "replicas of the streams and the checkpoint bucket (3 on a three-node cluster)")
+	pf.StringVar(&g.httpAddr, "http-addr", "", "address to serve /metrics, /healthz and /readyz on (empty: none)")
+	pf.StringVar(&g.logLevel, "log-level", "info", "log level: trace, debug, info, warn or error")
+	pf.StringVar(&g.logFormat, "log-format", "json", "log format: json or console")
+
+	root.AddCommand(
+		newWorkerCmd(g), newPublishCmd(g), newServeCmd(g), newExportCmd(g),
+		newReplayCmd(g), newDLQCmd(g), newStatusCmd(g), newKeysCmd(g),
+		newJoinCmd(g), newDevCmd(g), newBenchCmd(g),
+	)
+	return root
+}
+
+// setup checks the global flags and builds the logger. Logs go to stderr,
+// so that what a command prints on stdout stays machine-readable.
+func (g *globals) setup(stderr io.Writer) error {
+	level, err := zerolog.ParseLevel(strings.ToLower(g.logLevel))
+	if err != nil || g.logLevel == "" {
+		return fmt.Errorf("--log-level %q: want trace, debug, info, warn or error", g.logLevel)
+	}
+	var out io.Writer
+	switch g.logFormat {
+	case "json":
+		out = stderr
+	case "console":
+		out = zerolog.ConsoleWriter{Out: stderr, TimeFormat: time.TimeOnly, NoColor: !isTerminal(stderr)}
+	default:
+		return fmt.Errorf("--log-format %q: want json or console", g.logFormat)
+	}
+	if g.replicas < 1 || g.replicas > 5 {
+		return fmt.Errorf("--replicas %d: want 1 to 5 (JetStream keeps at most 5 copies)", g.replicas)
+	}
+	g.log = zerolog.New(out).Level(level).With().Timestamp().Logger()
+	return nil
+}
+
+// isTerminal says whether w is a terminal, where colours help; in a file or
+// a pipe they are noise.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// connect opens a NATS connection that reconnects forever once it is up.
+// With wait it also retries the first connection until ctx ends, as a
+// long-running service started before its NATS server should; without it a
+// server that cannot be reached is an error at once.
+func (g *globals) connect(ctx context.Context, name string, wait bool) (*nats.Conn, jetstream.JetStream, error) {
+	opts := []nats.Option{
+		nats.Name(name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(time.Second),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				g.log.Warn().Err(err).Msg("NATS disconnected; reconnecting")
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			g.log.Info().Str("server", nc.ConnectedUrlRedacted()).Msg("NATS reconnected")
+		}),
+	}
+	if g.natsCreds != "" {
+		opts = append(opts, nats.UserCredentials(g.natsCreds))
+	}
+	delay := 500 * time.Millisecond
+	for {
+		nc, err := nats.Connect(g.natsURL, opts...)
+		if err == nil {
+			js, err := jetstream.New(nc)
+			if err != nil {
+				nc.Close()
+				return nil, nil, err
+			}
+			return nc, js, nil
+		}
+		if !wait {
+			return nil, nil, fmt.Errorf("connect to NATS at %s (--nats-url): %w", redactURL(g.natsURL), err)
+		}
+		g.log.Warn().Err(err).Str("url", redactURL(g.natsURL)).Dur("retry_in", delay).Msg("NATS is not reachable yet")
+		select {
+		case <-ctx.Done():
+			return nil, nil, fmt.Errorf("connect to NATS at %s: %w", redactURL(g.natsURL), ctx.Err())
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 10*time.Second)
+	}
+}
+
+// redactURL hides a password in a NATS URL before it is printed.
+func redactURL(u string) string {
+	parts := strings.Split(u, ",")
+	for i, p := range parts {
+		if scheme, rest, ok := strings.Cut(p, "://"); ok {
+			if at := strings.LastIndex(rest, "@"); at >= 0 {
+				parts[i] = scheme + "://***@" + rest[at+1:]
+			}
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// newRegistry is a Prometheus registry with the Go and process collectors,
+// so /metrics shows the process as well as the workers.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// serveHTTP serves h on addr until ctx ends. The listener is opened before
+// it returns, so a busy port is an error now rather than a log line later.
+func serveHTTP(ctx context.Context, log zerolog.Logger, addr string, h http.Handler) (bound string, stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error().Err(err).Str("addr", addr).Msg("HTTP server stopped")
+		}
+	}()
+	return ln.Addr().String(), func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		<-done
+	}, nil
+}

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/steward-dev/steward/workers"
+)
+
+// runtimeFlags are the runtime's tunables, shared by every worker command.
+type runtimeFlags struct {
+	ackWait       time.Duration
+	maxDeliver    int
+	concurrency   int
+	shutdownGrace time.Duration
+}
+
+func (r *runtimeFlags) add(fs *pflag.FlagSet) {
+	fs.DurationVar(&r.ackWait, "ack-wait", workers.DefaultAckWait, "how long NATS waits for an ack before it redelivers (handlers heartbeat, so only a crash lets it expire)")
+	fs.IntVar(&r.maxDeliver, "max-deliver", workers.DefaultMaxDeliver, "deliveries a failing event gets before it goes to the DLQ")
+	fs.IntVar(&r.concurrency, "concurrency", workers.DefaultConcurrency, "keys handled at once")
+	fs.DurationVar(&r.shutdownGrace, "shutdown-grace", workers.DefaultShutdownGrace, "how long in-flight handlers may run on after SIGTERM")
+}
+
+func (r *runtimeFlags) options(g *globals, reg prometheus.Registerer) []workers.Option {
+	return []workers.Option{
+		workers.WithLogger(g.log),
+		workers.WithReplicas(g.replicas),
+		workers.WithRegisterer(reg),
+		workers.WithAckWait(r.ackWait),
+		workers.WithMaxDeliver(r.maxDeliver),
+		workers.WithConcurrency(r.concurrency),
+		workers.WithShutdownGrace(r.shutdownGrace),
+	}
+}
+
+func newWorkerCmd(g *globals) *cobra.Command {
+	rf := &runtimeFlags{}
+	cmd := &cobra.Command{
+		Use:   "worker <kind>",
+		Short: "Run one worker against a NATS server until SIGTERM",
+		Long: `Run one worker against the NATS server of --nats-url until SIGTERM or SIGINT.
+Processes started with the same worker and instance share its durable consumer.
+On SIGTERM it stops pulling, lets running handlers finish within --shutdown-grace
+and hands back what it had not started.`,
+	}
+	rf.add(cmd.PersistentFlags())
+	for _, k := range kinds {
+		sub := &cobra.Command{
+			Use:   k.name,
+			Short: "Run the " + k.name + " worker",
+			Args:  cobra.NoArgs,
+		}
+		build := k.bind(sub.Flags())
+		sub.RunE = func(cmd *cobra.Command, _ []string) error {
+			h, err := build()
+			if err != nil {
+				return fmt.Errorf("%s worker: %w", k.name, err)
+			}
+			defer h.Close()
+			return runWorker(cmd.Context(), g, rf, k.name, h)
+		}
+		cmd.AddCommand(sub)
+	}
+	return cmd
+}
+
+// runWorker runs h under the runtime until ctx ends, with metrics and
+// health on --http-addr.
+func runWorker(ctx context.Context, g *globals, rf *runtimeFlags, name string, h handler) error {
+	nc, js, err := g.connect(ctx, "steward worker "+name, true)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	reg := newRegistry()
+	w, err := workers.New(ctx, js, h.Spec(), h, rf.options(g, reg)...)
+	if err != nil {
+		return fmt.Errorf("%s worker: %w", name, err)
+	}
+	if g.httpAddr != "" {
+		bound, stop, err := serveHTTP(ctx, g.log, g.httpAddr, workers.NewServeMux(reg, w.Ready))
+		if err != nil {
+			return fmt.Errorf("--http-addr: %w", err)
+		}
+		defer stop()
+		g.log.Info().Str("addr", bound).Msg("serving /metrics, /healthz and /readyz")
+	}
+	if err := w.Run(ctx); err != nil {
+		return err
+	}
+	// Naks sent at shutdown reach the server before the connection closes,
+	// so what was handed back is redelivered at once.
+	if err := nc.FlushTimeout(5 * time.Second); err != nil {
+		g.log.Warn().Err(err).Msg("NATS flush at shutdown")
+	}
+	return nil
+}
