@@ -1,0 +1,217 @@
+package provision
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/workertest"
+)
+
+// TestHandlerEndToEnd runs the worker on the real embedded NATS: a grant
+// is applied and reported; then an attacker's inputs (another machine's
+// grant on this machine's subject, a wrong requirement, a missing secret,
+// a secret encrypted to someone else, a damaged secret, an overlong
+// database name, a stale generation) are refused or skipped, each on its
+// first delivery, with nothing changed and no password in any outcome or
+// dead letter; finally a valid newer grant still applies.
+func TestHandlerEndToEnd(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	e := newEnv(t)
+	w := e.worker(nil)
+	run := workertest.Start(t, js, w.Spec(), w)
+
+	workertest.PublishData(t, js, events.TypeGrantChanged, testMachine, e.grant(1, giv{"a", e.db("a"), "p-first"}))
+	workertest.WaitIdle(t, js, run.ConsumerName())
+	outs := workertest.Outcomes(t, js, Name, testMachine)
+	if len(outs) != 1 || outs[0].Type() != "dev.steward.provision.applied.v1" {
+		t.Fatalf("outcomes %v, want one applied", types(outs))
+	}
+	var applied Applied
+	if err := outs[0].DataAs(&applied); err != nil {
+		t.Fatal(err)
+	}
+	assertNames(t, "created roles", applied.Created.Roles, []string{e.role("a")})
+	assertNames(t, "created databases", applied.Created.Databases, []string{e.db("a")})
+	if applied.Generation != 1 || applied.Machine != testMachine {
+		t.Fatalf("applied %+v", applied)
+	}
+	before := e.markedRoles()
+
+	// The attacker's inputs.
+	attackerPasswords := []string{"p-attack-1", "p-attack-2", "p-attack-3", "p-attack-4"}
+	other := e.grant(2, giv{"a", e.db("a"), attackerPasswords[0]})
+	other.Machine = "other"
+	publishRaw(t, js, "steward.events.grant.changed."+testMachine, "other", other)
+	wrongReq := e.grant(2, giv{"a", e.db("a"), attackerPasswords[0]})
+	wrongReq.Requirement = "mysql"
+	publishRaw(t, js, "steward.events.grant.changed."+testMachine, testMachine, wrongReq)
+
+	missing := e.grant(2, giv{"a", e.db("a"), attackerPasswords[1]}, giv{"b", e.db("b"), "unused"})
+	missing.Given[1].Secret = ""
+	workertest.PublishData(t, js, events.TypeGrantChanged, testMachine, missing)
+
+	foreign := e.grant(2, giv{"a", e.db("a"), attackerPasswords[2]}, giv{"b", e.db("b"), "unused"})
+	foreign.Given[1].Secret = encryptTo(t, mustRecipient(t), attackerPasswords[3])
+	workertest.PublishData(t, js, events.TypeGrantChanged, testMachine, foreign)
+
+	damaged := e.grant(2, giv{"a", e.db("a"), attackerPasswords[2]}, giv{"b", e.db("b"), "unused"})
+	damaged.Given[1].Secret = "-----BEGIN AGE ENCRYPTED FILE-----\nbm90IGFnZQ==\n-----END AGE ENCRYPTED FILE-----\n"
+	workertest.PublishData(t, js, events.TypeGrantChanged, testMachine, damaged)
+
+	long := e.grant(2, giv{"a", e.db("a"), attackerPasswords[2]}, giv{"b", strings.Repeat("d", 64), "unused"})
+	workertest.PublishData(t, js, events.TypeGrantChanged, testMachine, long)
+
+	stale := e.grant(1, giv{"a", e.db("a"), attackerPasswords[2]})
+	workertest.PublishData(t, js, events.TypeGrantChanged, testMachine, stale)
+	workertest.WaitIdle(t, js, run.ConsumerName())
+
+	outs = workertest.Outcomes(t, js, Name, testMachine)[1:]
+	wantRules := []string{"secret-missing", "secret-undecryptable", "secret-undecryptable", "database-name-length"}
+	if len(outs) != len(wantRules)+1 {
+		t.Fatalf("outcomes after the attack: %v", types(outs))
+	}
+	for i, rule := range wantRules {
+		var r Refused
+		if outs[i].Type() != "dev.steward.provision.refused.v1" || outs[i].DataAs(&r) != nil || r.Rule != rule || r.Consumer != "b" || r.Generation != 2 {
+			t.Errorf("outcome %d: %s %s, want refused by %s for consumer b", i, outs[i].Type(), outs[i].Data(), rule)
+		}
+	}
+	var skipped Skipped
+	if last := outs[len(outs)-1]; last.Type() != "dev.steward.provision.skipped.v1" || last.DataAs(&skipped) != nil || skipped.Applied != 1 || skipped.Generation != 1 {
+		t.Errorf("last outcome %s %s, want skipped generation 1 below applied 1", last.Type(), last.Data())
+	}
+	dls := workertest.DeadLetters(t, js, Name, testMachine)
+	if len(dls) != 6 {
+		t.Fatalf("%d dead letters, want 6 (other machine, requirement, 4 refusals)", len(dls))
+	}
+	for _, dl := range dls {
+		if dl.Delivered != 1 {
+			t.Errorf("dead letter %q took %d deliveries; a refusal is permanent", dl.Reason, dl.Delivered)
+		}
+	}
+	// Invalid events go to the DLQ off the key's lane, so in any order.
+	var invalid, refusals int
+	for _, dl := range dls {
+		switch {
+		case strings.Contains(dl.Reason, "does not end in the event's key") || strings.Contains(dl.Reason, "/requirement"):
+			invalid++
+		case strings.Contains(dl.Reason, "nothing was changed") && strings.Contains(dl.Reason, `consumer "b"`):
+			refusals++
+		default:
+			t.Errorf("dead letter reason %q says neither why the event is invalid nor what was refused", dl.Reason)
+		}
+	}
+	if invalid != 2 || refusals != 4 {
+		t.Errorf("%d invalid and %d refused dead letters, want 2 and 4", invalid, refusals)
+	}
+	for _, pw := range attackerPasswords {
+		for _, o := range workertest.Outcomes(t, js, Name, testMachine) {
+			if strings.Contains(string(o.Data()), pw) {
+				t.Fatalf("outcome %s holds a password", o.Type())
+			}
+		}
+		for _, dl := range dls {
+			if strings.Contains(dl.Reason, pw) {
+				t.Fatal("a dead letter's reason holds a password")
+			}
+		}
+	}
+	after := e.markedRoles()
+	if len(after) != len(before) || after[e.role("a")] != before[e.role("a")] || !verifierMatches(after[e.role("a")].verifier, "p-first") {
+		t.Fatalf("the attack changed the roles: %v, were %v", after, before)
+	}
+	if e.dbOwner(e.db("b")) != "" || e.appliedGeneration() != 1 {
+		t.Fatal("the attack created a database or moved the generation")
+	}
+
+	// A valid newer grant still applies.
+	workertest.PublishData(t, js, events.TypeGrantChanged, testMachine, e.grant(3, giv{"a", e.db("a"), "p-third"}, giv{"b", e.db("b"), "p-b"}))
+	workertest.WaitIdle(t, js, run.ConsumerName())
+	all := workertest.Outcomes(t, js, Name, testMachine)
+	if err := all[len(all)-1].DataAs(&applied); err != nil || all[len(all)-1].Type() != "dev.steward.provision.applied.v1" {
+		t.Fatalf("last outcome %s: %v", all[len(all)-1].Type(), err)
+	}
+	assertNames(t, "altered roles", applied.Altered.Roles, []string{e.role("a")})
+	assertNames(t, "created roles", applied.Created.Roles, []string{e.role("b")})
+}
+
+// TestHandleRefusesAnotherMachine drives the handler with what the runtime
+// normally stops first, a grant for another machine or requirement, and
+// checks it refuses and reports by itself.
+func TestHandleRefusesAnotherMachine(t *testing.T) {
+	e := newEnv(t)
+	w := e.worker(nil)
+	for _, c := range []struct {
+		rule  string
+		patch func(*events.GrantChanged)
+	}{
+		{"machine", func(g *events.GrantChanged) { g.Machine = "other" }},
+		{"requirement", func(g *events.GrantChanged) { g.Requirement = "mysql" }},
+		{"generation", func(g *events.GrantChanged) { g.Generation = 1 << 63 }},
+	} {
+		g := e.grant(1, giv{"a", e.db("a"), "p"})
+		c.patch(&g)
+		var emitted []Refused
+		err := w.handleGrant(context.Background(), g, func(o string, data any) error {
+			if o != OutcomeRefused {
+				t.Fatalf("%s: emitted %s", c.rule, o)
+			}
+			emitted = append(emitted, data.(Refused))
+			return nil
+		})
+		var r *refusal
+		if !errors.As(err, &r) || r.Rule != c.rule {
+			t.Fatalf("%s: got %v", c.rule, err)
+		}
+		if len(emitted) != 1 || emitted[0].Rule != c.rule || emitted[0].Machine != testMachine || emitted[0].Reason == "" {
+			t.Fatalf("%s: emitted %+v", c.rule, emitted)
+		}
+		if len(e.markedRoles()) != 0 {
+			t.Fatalf("%s: roles were created", c.rule)
+		}
+	}
+}
+
+// publishRaw publishes an event as an attacker would, straight to a
+// subject, past the publisher's validation.
+func publishRaw(t *testing.T, js jetstream.JetStream, subject, key string, data any) {
+	t.Helper()
+	ev := event.New()
+	ev.SetID("attack-" + randomHex(8))
+	ev.SetSource("/attacker")
+	ev.SetType(events.TypeGrantChanged)
+	ev.SetSubject(key)
+	raw, err := json.Marshal(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ev.SetData(events.ContentTypeJSON, raw); err != nil {
+		t.Fatal(err)
+	}
+	msg, err := events.Encode(subject, ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.PublishMsg(context.Background(), msg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func types(list []event.Event) []string {
+	out := make([]string, len(list))
+	for i, e := range list {
+		out[i] = e.Type()
+	}
+	return out
+}
+
+var _ workers.Handler = (*Worker)(nil)

@@ -1,0 +1,294 @@
+// Package provision is the worker that makes a PostgreSQL server hold
+// exactly the roles and databases a grant.changed event describes.
+//
+// Each grant is the whole desired state of one machine. The worker
+// reconciles, never applies a delta: every consumer gets a role
+// <prefix><node> that can log in with its granted password and a database
+// it owns; every other role carrying the prefix is made NOLOGIN (never
+// dropped); roles without the prefix are never touched. Passwords are sent
+// to the server only as SCRAM-SHA-256 verifiers Steward computes itself, so
+// no plaintext reaches the server's logs or pg_stat_statements.
+package provision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"regexp"
+	"strings"
+	"sync/atomic"
+
+	"filippo.io/age"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/pflag"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/workers"
+)
+
+// Name is the worker's name: its consumer is provision-<machine>.
+const Name = "provision"
+
+// DefaultRolePrefix marks the roles Steward owns.
+const DefaultRolePrefix = "mesh_"
+
+// Outcome names, emitted as dev.steward.provision.<outcome>.v1.
+const (
+	OutcomeApplied = "applied"
+	OutcomeRefused = "refused"
+	OutcomeSkipped = "skipped"
+)
+
+// Config is a provision worker's configuration.
+type Config struct {
+	// Machine is the name grants address this PostgreSQL server by.
+	Machine string
+	// AgeIdentity is the file holding the machine's age identity, as
+	// age-keygen writes it; grants' secrets are encrypted to it.
+	AgeIdentity string
+	// DatabaseURL is a pgx connection string (URL or key=value). When
+	// empty, the libpq environment variables (PGHOST, PGUSER, ...) decide.
+	// The user must be a superuser: it reads pg_authid and creates roles
+	// and databases owned by them.
+	DatabaseURL string
+	// RolePrefix marks the roles this worker owns (default "mesh_").
+	RolePrefix string
+}
+
+// AddFlags registers the configuration's flags (DESIGN §6:
+// STEWARD_MACHINE, STEWARD_AGE_IDENTITY, STEWARD_DATABASE_URL,
+// STEWARD_ROLE_PREFIX).
+func (c *Config) AddFlags(fs *pflag.FlagSet) {
+	if c.RolePrefix == "" {
+		c.RolePrefix = DefaultRolePrefix
+	}
+	fs.StringVar(&c.Machine, "machine", c.Machine, "the machine this PostgreSQL server is granted as (a key: letters, digits, '_' and '-')")
+	fs.StringVar(&c.AgeIdentity, "age-identity", c.AgeIdentity, "file holding the machine's age identity; grants' passwords are encrypted to its recipient")
+	fs.StringVar(&c.DatabaseURL, "database-url", c.DatabaseURL, "PostgreSQL connection string for a superuser (empty: the libpq variables PGHOST, PGPORT, PGUSER, ... decide)")
+	fs.StringVar(&c.RolePrefix, "role-prefix", c.RolePrefix, "prefix marking the roles Steward owns; roles without it are never touched")
+}
+
+// maxIdentifier is PostgreSQL's identifier limit in bytes (NAMEDATALEN-1);
+// longer names are silently truncated by the server, so they are refused.
+const maxIdentifier = 63
+
+// prefixPattern keeps the mark a plain lower-case word: it is compared
+// byte for byte with role names, and must never be empty (an empty mark
+// would claim every role on the server).
+var prefixPattern = regexp.MustCompile(`^[a-z][a-z0-9_]{0,31}$`)
+
+// Worker reconciles one machine's PostgreSQL server with its grants.
+type Worker struct {
+	machine    string
+	prefix     string
+	identities []age.Identity
+	pool       *pgxpool.Pool
+	// dbTarget names the server for messages (host, port, user; never a
+	// password).
+	dbTarget string
+	// tableReady is set once the generation table is known to exist.
+	tableReady atomic.Bool
+}
+
+// New validates cfg, reads the age identity and prepares a connection
+// pool. It does not connect: a server that is down is retried per event.
+func New(cfg Config) (*Worker, error) {
+	return newWorker(cfg, nil)
+}
+
+func newWorker(cfg Config, tracer pgx.QueryTracer) (*Worker, error) {
+	if err := events.CheckKey(cfg.Machine); err != nil {
+		return nil, fmt.Errorf("--machine: %w", err)
+	}
+	if cfg.RolePrefix == "" {
+		cfg.RolePrefix = DefaultRolePrefix
+	}
+	if !prefixPattern.MatchString(cfg.RolePrefix) {
+		return nil, fmt.Errorf("--role-prefix %q must match %s (a lower-case letter, then up to 31 lower-case letters, digits or '_')", cfg.RolePrefix, prefixPattern)
+	}
+	if strings.HasPrefix(cfg.RolePrefix, "pg_") {
+		return nil, fmt.Errorf("--role-prefix %q starts with pg_, which PostgreSQL reserves for its own roles", cfg.RolePrefix)
+	}
+	if cfg.AgeIdentity == "" {
+		return nil, errors.New("--age-identity is required: the file holding the machine's age identity that grants' passwords are encrypted to")
+	}
+	ids, err := readIdentities(cfg.AgeIdentity)
+	if err != nil {
+		return nil, fmt.Errorf("--age-identity: %w", err)
+	}
+	pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		// pgconn redacts the password from its parse errors.
+		return nil, fmt.Errorf("--database-url: %w", err)
+	}
+	// One reconcile holds one connection (and its advisory lock) at a time.
+	pc.MaxConns = 2
+	if _, ok := pc.ConnConfig.RuntimeParams["application_name"]; !ok {
+		pc.ConnConfig.RuntimeParams["application_name"] = "steward-provision"
+	}
+	pc.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		return nil, fmt.Errorf("--database-url: %w", err)
+	}
+	return &Worker{
+		machine:    cfg.Machine,
+		prefix:     cfg.RolePrefix,
+		identities: ids,
+		pool:       pool,
+		dbTarget:   fmt.Sprintf("PostgreSQL at %s:%d as %s", pc.ConnConfig.Host, pc.ConnConfig.Port, pc.ConnConfig.User),
+	}, nil
+}
+
+func readIdentities(path string) ([]age.Identity, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("read age identity: %w", err)
+	}
+	defer f.Close()
+	ids, err := age.ParseIdentities(f)
+	if err != nil {
+		// The parser's message can quote the offending line, which may be
+		// key material: say only where to look.
+		return nil, fmt.Errorf("%s holds no age identity in the format age-keygen writes", path)
+	}
+	return ids, nil
+}
+
+// Spec says the worker consumes grant.changed for its machine only.
+func (w *Worker) Spec() workers.Spec {
+	k, _ := events.Lookup(events.TypeGrantChanged)
+	return workers.Spec{
+		Name:     Name,
+		Instance: w.machine,
+		Subjects: []string{k.FilterSubject(w.machine)},
+		Types:    []string{events.TypeGrantChanged},
+	}
+}
+
+// Close closes the connection pool.
+func (w *Worker) Close() error {
+	w.pool.Close()
+	return nil
+}
+
+// Names lists what an outcome is about, by name only.
+type Names struct {
+	Roles     []string `json:"roles"`
+	Databases []string `json:"databases"`
+}
+
+func newNames() Names { return Names{Roles: []string{}, Databases: []string{}} }
+
+// Applied is the data of a provision.applied outcome: what the reconcile
+// of one generation did.
+type Applied struct {
+	Machine    string `json:"machine"`
+	Generation uint64 `json:"generation"`
+	// Created are the roles and databases that did not exist.
+	Created Names `json:"created"`
+	// Altered are the roles whose login or password had to change.
+	Altered Names `json:"altered"`
+	// Revoked are the marked roles no longer granted, made NOLOGIN.
+	Revoked Names `json:"revoked"`
+	// Unchanged are the granted roles and databases already as granted.
+	Unchanged Names `json:"unchanged"`
+}
+
+// Refused is the data of a provision.refused outcome. Nothing was changed.
+type Refused struct {
+	Machine    string `json:"machine"`
+	Generation uint64 `json:"generation"`
+	// Consumer is the node of the consumer that broke the rule ("" when
+	// the grant as a whole did).
+	Consumer string `json:"consumer"`
+	// Rule names the rule broken (e.g. "database-name-length").
+	Rule string `json:"rule"`
+	// Reason says what was found and what to do about it.
+	Reason string `json:"reason"`
+}
+
+// Skipped is the data of a provision.skipped outcome: the generation is
+// not above the one already applied to this server.
+type Skipped struct {
+	Machine    string `json:"machine"`
+	Generation uint64 `json:"generation"`
+	Applied    uint64 `json:"appliedGeneration"`
+}
+
+// refusal is a grant no retry can make acceptable.
+type refusal struct{ Refused }
+
+func (r *refusal) Error() string {
+	msg := fmt.Sprintf("%s; generation %d for machine %s was refused and nothing was changed", r.Reason, r.Generation, r.Machine)
+	if r.Consumer != "" {
+		msg += " (publish the corrected grant as a new generation)"
+	}
+	return msg
+}
+
+// Handle reconciles the server with one grant.changed event.
+func (w *Worker) Handle(ctx context.Context, d *workers.Delivery) error {
+	var g events.GrantChanged
+	if err := d.DataAs(&g); err != nil {
+		return err
+	}
+	err := w.handleGrant(ctx, g, func(outcome string, data any) error {
+		switch o := data.(type) {
+		case Applied:
+			d.Log.Info().Uint64("generation", o.Generation).
+				Int("created", len(o.Created.Roles)+len(o.Created.Databases)).Int("altered", len(o.Altered.Roles)).
+				Int("revoked", len(o.Revoked.Roles)).Int("unchanged", len(o.Unchanged.Roles)).Msg("grant applied")
+		case Skipped:
+			d.Log.Info().Uint64("generation", o.Generation).Uint64("applied_generation", o.Applied).Msg("grant not above the applied generation; skipped")
+		}
+		return d.Emit(ctx, outcome, data)
+	})
+	if err != nil {
+		err = fmt.Errorf("grant for %s (event %s): %w", d.Key, d.Event.ID(), err)
+		var r *refusal
+		if errors.As(err, &r) {
+			return workers.Permanent(err)
+		}
+	}
+	return err
+}
+
+// handleGrant is Handle without the delivery, so it can be driven with
+// inputs the runtime would stop first.
+func (w *Worker) handleGrant(ctx context.Context, g events.GrantChanged, emit func(outcome string, data any) error) error {
+	res, err := w.reconcile(ctx, g)
+	var r *refusal
+	switch {
+	case errors.As(err, &r):
+		if eerr := emit(OutcomeRefused, r.Refused); eerr != nil {
+			return eerr
+		}
+		return r
+	case err != nil:
+		return err
+	case res.skipped != nil:
+		return emit(OutcomeSkipped, *res.skipped)
+	default:
+		return emit(OutcomeApplied, *res.applied)
+	}
+}
+
+// checkGrant refuses what concerns the grant as a whole.
+func (w *Worker) checkGrant(g events.GrantChanged) *refusal {
+	ref := func(rule, reason string) *refusal {
+		return &refusal{Refused{Machine: w.machine, Generation: g.Generation, Rule: rule, Reason: reason}}
+	}
+	switch {
+	case g.Machine != w.machine:
+		return ref("machine", fmt.Sprintf("the grant is for machine %q but this worker provisions %q, so it was not applied here", g.Machine, w.machine))
+	case g.Requirement != "postgres":
+		return ref("requirement", fmt.Sprintf("the grant requires %q but this worker provisions only \"postgres\"", g.Requirement))
+	case g.Generation == 0 || g.Generation > math.MaxInt64:
+		return ref("generation", fmt.Sprintf("generation %d is outside 1..%d", g.Generation, int64(math.MaxInt64)))
+	}
+	return nil
+}
