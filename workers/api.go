@@ -56,7 +56,7 @@ type Spec struct {
 const (
 	DefaultAckWait       = 30 * time.Second
 	DefaultMaxDeliver    = 10
-	DefaultConcurrency   = 8
+	DefaultConcurrency   = 32
 	DefaultShutdownGrace = 30 * time.Second
 	// CheckpointBucket is the KV bucket holding checkpoints and the
 	// handlers' state.
