@@ -9,9 +9,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/steward-dev/steward/internal/agekey"
 	"github.com/steward-dev/steward/internal/atomicfile"
 	"github.com/steward-dev/steward/internal/signing"
-	"github.com/steward-dev/steward/workers/credential"
 )
 
 // keyAge is the age identity kind of `steward keys`; the two signing kinds
@@ -67,7 +67,7 @@ Existing files are never overwritten.`,
 					if _, err := os.Stat(pub); err == nil {
 						return fmt.Errorf("%s exists; remove it first if you mean to replace that key", pub)
 					}
-					recipient, err := credential.GenerateIdentity(priv)
+					recipient, err := agekey.Generate(priv)
 					if err != nil {
 						return fmt.Errorf("age identity: %w", err)
 					}

@@ -13,8 +13,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/agekey"
 	"github.com/steward-dev/steward/publisher"
-	"github.com/steward-dev/steward/workers/credential"
 )
 
 // cliSource is the CloudEvents source of events published from the command
@@ -182,7 +182,7 @@ func (f *publishFlags) withSecret(data []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	armored, err := credential.EncryptSecret(recipient, secret)
+	armored, err := agekey.Encrypt(recipient, secret)
 	if err != nil {
 		return nil, fmt.Errorf("--recipient: %w", err)
 	}

@@ -3,7 +3,9 @@
 package atomicfile
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 )
@@ -55,4 +57,43 @@ func SyncDir(dir string) error {
 		return fmt.Errorf("fsync folder %s: %w", dir, err)
 	}
 	return nil
+}
+
+// WriteNew creates path with data and mode perm, atomically and only if
+// nothing is there: it writes and fsyncs a temporary file in the same folder
+// and hard-links it to path, which fails when path exists (a rename would
+// replace it). A reader never sees half the content, and a key written once
+// is never lost to a second run. An existing path is an error wrapping
+// fs.ErrExist.
+func WriteNew(path string, data []byte, perm os.FileMode) error {
+	dir := filepath.Dir(path)
+	if _, err := os.Lstat(path); err == nil {
+		return fmt.Errorf("%s already exists; refusing to overwrite it: %w", path, fs.ErrExist)
+	}
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	// The link, not the temporary name, is what survives.
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	if err := tmp.Chmod(perm); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if _, err := tmp.Write(data); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		return fmt.Errorf("write %s: fsync: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Link(tmp.Name(), path); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("%s already exists; refusing to overwrite it: %w", path, fs.ErrExist)
+		}
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return SyncDir(dir)
 }

@@ -33,6 +33,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/agekey"
 	"github.com/steward-dev/steward/workers"
 )
 
@@ -92,7 +93,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 type Worker struct {
 	hive string
 	dir  string
-	id   *identity
+	id   *agekey.Identity
 }
 
 // New checks cfg and loads the hive's identity, so a worker with a key it
@@ -110,7 +111,7 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.CredentialDir == "" {
 		return nil, errors.New("--credential-dir is required: the folder where secret and client_id are published")
 	}
-	id, err := loadIdentity(cfg.AgeIdentity)
+	id, err := agekey.Load(cfg.AgeIdentity)
 	if err != nil {
 		return nil, fmt.Errorf("--age-identity: %w", err)
 	}
@@ -230,9 +231,9 @@ func (w *Worker) rotate(data events.CredentialRotated, eventID, savedFolder stri
 	if strings.TrimSpace(data.Secret) == "" {
 		return refuse(fmt.Sprintf("version %d has an empty secret; %s", data.Version, kept))
 	}
-	secret, err := w.id.decrypt(data.Secret)
+	secret, err := w.open(data.Version, data.Secret)
 	if err != nil {
-		return refuse(fmt.Sprintf("the secret of version %d cannot be opened: %v; %s", data.Version, err, kept))
+		return refuse(fmt.Sprintf("%v; %s", err, kept))
 	}
 	defer clear(secret)
 	if len(bytes.TrimSpace(secret)) == 0 {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/agekey"
 	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/credential"
 	"github.com/steward-dev/steward/workers/workertest"
@@ -258,13 +259,13 @@ func TestRefusalsLeaveFilesInPlace(t *testing.T) {
 	before := snapshot(t, h.cfg.CredentialDir)
 
 	other := filepath.Join(t.TempDir(), "other.txt")
-	otherRecipient, err := credential.GenerateIdentity(other)
+	otherRecipient, err := agekey.Generate(other)
 	if err != nil {
 		t.Fatal(err)
 	}
 	otherSecret := "s3cr3t-other-" + randomHex(t)
 	h.secrets = append(h.secrets, []byte(otherSecret))
-	toOther, err := credential.EncryptSecret(otherRecipient, []byte(otherSecret))
+	toOther, err := agekey.Encrypt(otherRecipient, []byte(otherSecret))
 	if err != nil {
 		t.Fatal(err)
 	}

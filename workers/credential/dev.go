@@ -9,6 +9,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/steward-dev/steward/internal/agekey"
+	"github.com/steward-dev/steward/internal/atomicfile"
 )
 
 // DevHive is the hive of the development instance `steward dev` runs.
@@ -34,15 +37,16 @@ func Dev(ctx context.Context, dir string) (Config, []string, error) {
 	if err := os.MkdirAll(cfg.CredentialDir, 0o755); err != nil {
 		return Config{}, nil, fmt.Errorf("dev credential worker: %w", err)
 	}
-	recipient, err := devIdentity(cfg.AgeIdentity)
+	id, _, err := agekey.LoadOrGenerate(cfg.AgeIdentity)
 	if err != nil {
 		return Config{}, nil, fmt.Errorf("dev credential worker: %w", err)
 	}
+	recipient := id.Recipients()[0]
 	secretFile := filepath.Join(base, "dev-secret.txt")
 	if _, err := os.Stat(secretFile); errors.Is(err, fs.ErrNotExist) {
 		b := make([]byte, 16)
 		rand.Read(b)
-		if err := createExclusive(secretFile, []byte("dev-secret-"+hex.EncodeToString(b)), 0o600); err != nil && !errors.Is(err, fs.ErrExist) {
+		if err := atomicfile.WriteNew(secretFile, []byte("dev-secret-"+hex.EncodeToString(b)), 0o600); err != nil && !errors.Is(err, fs.ErrExist) {
 			return Config{}, nil, fmt.Errorf("dev credential worker: %w", err)
 		}
 	} else if err != nil {
@@ -54,25 +58,4 @@ func Dev(ctx context.Context, dir string) (Config, []string, error) {
 		"  (raise \"version\" for every new rotation: one not above the applied version is skipped)",
 	}
 	return cfg, lines, nil
-}
-
-// devIdentity reuses the identity at path or makes one, and returns its
-// recipient.
-func devIdentity(path string) (string, error) {
-	id, err := loadIdentity(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		recipient, err := GenerateIdentity(path)
-		if errors.Is(err, fs.ErrExist) {
-			// Another `steward dev` made it meanwhile: use that one.
-			return devIdentity(path)
-		}
-		return recipient, err
-	}
-	if err != nil {
-		return "", err
-	}
-	if len(id.recipients) == 0 {
-		return "", fmt.Errorf("%s holds no X25519 identity; move it aside and run steward dev again", path)
-	}
-	return id.recipients[0], nil
 }

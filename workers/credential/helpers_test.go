@@ -22,6 +22,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/agekey"
 	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/credential"
 	"github.com/steward-dev/steward/workers/workertest"
@@ -77,7 +78,7 @@ func newHive(t *testing.T, js jetstream.JetStream, name string) *hive {
 	t.Helper()
 	base := t.TempDir()
 	idPath := filepath.Join(base, "identity.txt")
-	recipient, err := credential.GenerateIdentity(idPath)
+	recipient, err := agekey.Generate(idPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +114,7 @@ func (h *hive) start(spec workers.Spec) *workertest.Running {
 func (h *hive) encrypt(secret string) string {
 	h.t.Helper()
 	h.secrets = append(h.secrets, []byte(secret))
-	ct, err := credential.EncryptSecret(h.recipient, []byte(secret))
+	ct, err := agekey.Encrypt(h.recipient, []byte(secret))
 	if err != nil {
 		h.t.Fatal(err)
 	}

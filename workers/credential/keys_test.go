@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/agekey"
 	"github.com/steward-dev/steward/workers/credential"
 	"github.com/steward-dev/steward/workers/workertest"
 )
@@ -30,8 +29,8 @@ func ageTool(t *testing.T, name string) string {
 }
 
 // TestAgeCommandLineInterop: a secret the age tool encrypts to the worker's
-// recipient is applied; what EncryptSecret writes the age tool opens; an
-// identity age-keygen makes is one New loads.
+// recipient is applied, and an identity age-keygen makes is one New loads.
+// (agekey's tests cover the other direction.)
 func TestAgeCommandLineInterop(t *testing.T) {
 	ageBin := ageTool(t, "age")
 	keygen := ageTool(t, "age-keygen")
@@ -55,98 +54,22 @@ func TestAgeCommandLineInterop(t *testing.T) {
 	outcomeData[credential.Applied](t, got[0], typeApplied)
 	h.checkPair("client-cli", secret)
 
-	// The other way: the age tool opens EncryptSecret's output with the
-	// identity GenerateIdentity wrote.
-	ours, err := credential.EncryptSecret(h.recipient, []byte(secret))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dec := exec.Command(ageBin, "-d", "-i", h.cfg.AgeIdentity)
-	dec.Stdin = strings.NewReader(ours)
-	stderr.Reset()
-	dec.Stderr = &stderr
-	plain, err := dec.Output()
-	if err != nil || string(plain) != secret {
-		t.Fatalf("age -d could not open EncryptSecret's output: %v: %s", err, stderr.String())
-	}
-
-	// age-keygen's identity file is one New accepts, and its recipient
-	// (age-keygen -y) is the one to encrypt to.
+	// age-keygen's identity file is one New accepts.
 	idPath := filepath.Join(t.TempDir(), "keygen.txt")
 	if out, err := exec.Command(keygen, "-o", idPath).CombinedOutput(); err != nil {
 		t.Fatalf("age-keygen: %v: %s", err, out)
-	}
-	pub, err := exec.Command(keygen, "-y", idPath).Output()
-	if err != nil {
-		t.Fatal(err)
 	}
 	dir := t.TempDir()
 	if _, err := credential.New(credential.Config{Hive: "hive-kg", AgeIdentity: idPath, CredentialDir: dir}); err != nil {
 		t.Fatalf("New with an age-keygen identity: %v", err)
 	}
-	if _, err := credential.EncryptSecret(strings.TrimSpace(string(pub)), []byte("x")); err != nil {
-		t.Fatalf("EncryptSecret to age-keygen's recipient: %v", err)
-	}
 	h.assertNoSecret()
-}
-
-func TestGenerateIdentity(t *testing.T) {
-	keygen := ageTool(t, "age-keygen")
-	path := filepath.Join(t.TempDir(), "id.txt")
-	recipient, err := credential.GenerateIdentity(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fi, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if fi.Mode().Perm() != 0o600 {
-		t.Fatalf("identity file mode %v, want 0600", fi.Mode().Perm())
-	}
-	content, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	format := regexp.MustCompile(`^# created: \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(Z|[+-]\d\d:\d\d)\n# public key: (age1[0-9a-z]+)\nAGE-SECRET-KEY-1[0-9A-Z]+\n$`)
-	m := format.FindStringSubmatch(string(content))
-	if m == nil || m[2] != recipient {
-		t.Fatalf("the identity file is not as age-keygen writes it (or names another recipient than %s)", recipient)
-	}
-	// age-keygen -y derives the same recipient from the file.
-	if pub, err := exec.Command(keygen, "-y", path).Output(); err != nil || strings.TrimSpace(string(pub)) != recipient {
-		t.Fatalf("age-keygen -y: %q %v, want %s", pub, err, recipient)
-	}
-	// A second run never overwrites the key.
-	if _, err := credential.GenerateIdentity(path); !errors.Is(err, fs.ErrExist) {
-		t.Fatalf("second GenerateIdentity: %v, want an error wrapping fs.ErrExist", err)
-	}
-	if again, _ := os.ReadFile(path); !bytes.Equal(again, content) {
-		t.Fatal("the identity file changed on a refused overwrite")
-	}
-	entries, _ := os.ReadDir(filepath.Dir(path))
-	if len(entries) != 1 {
-		t.Fatalf("temporary files left beside the identity: %d entries", len(entries))
-	}
-	if _, err := credential.GenerateIdentity(filepath.Join(t.TempDir(), "missing", "id.txt")); err == nil {
-		t.Fatal("GenerateIdentity into a missing folder succeeded")
-	}
-}
-
-func TestEncryptSecretRefusesBadRecipients(t *testing.T) {
-	for _, r := range []string{"", "age1", "not-a-recipient", "AGE-SECRET-KEY-1QQQQ", "ssh-ed25519 AAAA"} {
-		if out, err := credential.EncryptSecret(r, []byte("s3cr3t")); err == nil || out != "" {
-			t.Errorf("recipient %q: %q %v, want an error", r, out, err)
-		} else if strings.Contains(err.Error(), "s3cr3t") {
-			t.Errorf("recipient %q: the error carries the secret", r)
-		}
-	}
 }
 
 func TestNewChecksConfig(t *testing.T) {
 	base := t.TempDir()
 	good := filepath.Join(base, "id.txt")
-	if _, err := credential.GenerateIdentity(good); err != nil {
+	if _, err := agekey.Generate(good); err != nil {
 		t.Fatal(err)
 	}
 	garbage := filepath.Join(base, "garbage.txt")
@@ -226,7 +149,7 @@ func TestDevPreparesARotationANewcomerCanPublish(t *testing.T) {
 
 	// Do what the cmd engineer's publish does with --secret-file and
 	// --recipient, then run the dev worker on it.
-	ciphertext, err := credential.EncryptSecret(m[3], secret)
+	ciphertext, err := agekey.Encrypt(m[3], secret)
 	if err != nil {
 		t.Fatal(err)
 	}

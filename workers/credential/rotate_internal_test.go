@@ -11,13 +11,14 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/agekey"
 	"github.com/steward-dev/steward/workers"
 )
 
 func newTestWorker(t testing.TB) (*Worker, string) {
 	t.Helper()
 	base := t.TempDir()
-	recipient, err := GenerateIdentity(filepath.Join(base, "identity.txt"))
+	recipient, err := agekey.Generate(filepath.Join(base, "identity.txt"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +37,7 @@ func noSave(string) error { return nil }
 
 func rotation(t testing.TB, recipient string, version uint64, clientID, secret string) events.CredentialRotated {
 	t.Helper()
-	ct, err := EncryptSecret(recipient, []byte(secret))
+	ct, err := agekey.Encrypt(recipient, []byte(secret))
 	if err != nil {
 		t.Fatal(err)
 	}

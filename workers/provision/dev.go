@@ -1,8 +1,10 @@
 package provision
 
 import (
-	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -11,39 +13,66 @@ import (
 	"strings"
 	"time"
 
-	"filippo.io/age"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/agekey"
 	"github.com/steward-dev/steward/internal/atomicfile"
 )
 
 // DevMachine is the machine name of the development instance.
 const DevMachine = "dev-db"
 
-// Dev prepares a development provision worker under dir: the machine
-// dev-db with an age identity in dir/provision/identity.txt (created once,
-// then reused). PostgreSQL is found through the libpq environment
-// variables (PGHOST, PGPORT, PGUSER, ...). When it does not answer, or
-// answers as a user that is not a superuser, Dev returns the Config with
-// an error saying why provision is not running; grant events then wait in
-// the stream. The lines tell a newcomer how to publish a grant.
+// The development grant: one consumer, node app, granted database app.
+const (
+	devNode         = "app"
+	devDatabase     = "app"
+	devPasswordFile = "app-password"
+	devGrantFile    = "grant.json"
+)
+
+// Dev prepares a development provision worker under dir/provision: the
+// machine dev-db with an age identity (identity.txt), a development
+// password (app-password) and a grant ready to publish (grant.json:
+// generation 1, consumer node app granted database app, its password
+// encrypted to the identity), all 0600, made once and then reused.
+// PostgreSQL is found through the libpq environment variables (PGHOST,
+// PGPORT, PGUSER, ...). When it does not answer, or answers as a user that
+// is not a superuser, Dev returns the Config with an error saying why
+// provision is not running; grant events then wait in the stream. The lines
+// tell a newcomer how to publish the grant and connect as its role.
 func Dev(ctx context.Context, dir string) (Config, []string, error) {
-	idDir := filepath.Join(dir, Name)
-	if err := os.MkdirAll(idDir, 0o700); err != nil {
+	base := filepath.Join(dir, Name)
+	if err := os.MkdirAll(base, 0o700); err != nil {
 		return Config{}, nil, fmt.Errorf("provision dev folder: %w", err)
 	}
-	path := filepath.Join(idDir, "identity.txt")
-	id, err := devIdentity(path)
+	path := filepath.Join(base, "identity.txt")
+	id, newID, err := agekey.LoadOrGenerate(path)
+	if err != nil {
+		if _, serr := os.Stat(path); serr == nil {
+			return Config{}, nil, fmt.Errorf("%w; move it away to have a new one made", err)
+		}
+		return Config{}, nil, fmt.Errorf("provision dev identity: %w", err)
+	}
+	recipient := id.Recipients()[0]
+	passwordPath := filepath.Join(base, devPasswordFile)
+	password, newPassword, err := devPassword(passwordPath)
 	if err != nil {
 		return Config{}, nil, err
 	}
+	grantPath := filepath.Join(base, devGrantFile)
+	// A grant made for an identity or a password since replaced would be
+	// refused or grant the wrong password, so it is made again.
+	if err := devGrant(grantPath, recipient, password, newID || newPassword); err != nil {
+		return Config{}, nil, err
+	}
 	cfg := Config{Machine: DevMachine, AgeIdentity: path, RolePrefix: DefaultRolePrefix}
-	recipient := id.Recipient().String()
+	role := DefaultRolePrefix + devNode
 	lines := []string{
-		fmt.Sprintf("provision: machine %s, roles %s<node>; each consumer's password must be age-encrypted (armored) to %s:", DevMachine, DefaultRolePrefix, recipient),
-		fmt.Sprintf(`  secret=$(printf %%s 'a-password' | age --armor -r %s)`, recipient),
-		fmt.Sprintf(`  go run ./cmd/steward publish dev.steward.grant.changed.v1 %s "$(jq -cn --arg s "$secret" '{machine:"%s",requirement:"postgres",generation:1,given:[{from:"dev",node:"app",values:{name:"app"},secret:$s}]}')"`, DevMachine, DevMachine),
-		"  each grant is the whole state: publish generation 2, 3, ... to change it",
+		fmt.Sprintf("provision: machine %s, roles %s<node>; grants' passwords are age-encrypted (armored) to %s", DevMachine, DefaultRolePrefix, recipient),
+		fmt.Sprintf("  grant database %s to role %s: go run ./cmd/steward publish --type %s --data @%s", devDatabase, role, events.TypeGrantChanged, grantPath),
+		fmt.Sprintf(`  then connect: PGPASSWORD="$(cat %s)" psql "%s user=%s dbname=%s"`, passwordPath, devServer(), role, devDatabase),
+		`  a grant is the machine's whole state: to change it, publish a new grant with a higher "generation" (2, 3, ...); one not above the applied generation is skipped`,
 	}
 	if err := probe(ctx); err != nil {
 		// pgx lists each address it tried on a line of its own.
@@ -53,33 +82,88 @@ func Dev(ctx context.Context, dir string) (Config, []string, error) {
 	return cfg, lines, nil
 }
 
-// devIdentity reads the development identity, or creates it when absent.
-// An existing file that does not parse is an error, never overwritten.
-func devIdentity(path string) (*age.X25519Identity, error) {
+// devPassword reads the development password at path, or makes one when
+// the file is absent; created says which.
+func devPassword(path string) (password string, created bool, err error) {
 	raw, err := os.ReadFile(path)
-	switch {
-	case err == nil:
-		ids, perr := age.ParseIdentities(bytes.NewReader(raw))
-		if perr != nil || len(ids) == 0 {
-			return nil, fmt.Errorf("%s exists but holds no age identity; move it away to have a new one made", path)
+	if errors.Is(err, fs.ErrNotExist) {
+		b := make([]byte, 16)
+		if _, err := rand.Read(b); err != nil {
+			return "", false, fmt.Errorf("make a development password: %w", err)
 		}
-		x, ok := ids[0].(*age.X25519Identity)
-		if !ok {
-			return nil, fmt.Errorf("%s holds an age identity that is not X25519; move it away to have a new one made", path)
+		password = "dev-" + hex.EncodeToString(b)
+		err = atomicfile.WriteNew(path, []byte(password+"\n"), 0o600)
+		if errors.Is(err, fs.ErrExist) {
+			// Another `steward dev` made it meanwhile: use that one.
+			return devPassword(path)
 		}
-		return x, nil
-	case !errors.Is(err, fs.ErrNotExist):
-		return nil, fmt.Errorf("read %s: %w", path, err)
+		if err != nil {
+			return "", false, err
+		}
+		return password, true, nil
 	}
-	id, err := age.GenerateX25519Identity()
 	if err != nil {
-		return nil, fmt.Errorf("generate an age identity: %w", err)
+		return "", false, fmt.Errorf("read the development password: %w", err)
 	}
-	content := fmt.Sprintf("# created: %s\n# public key: %s\n%s\n", time.Now().UTC().Format(time.RFC3339), id.Recipient(), id)
-	if err := atomicfile.Write(path, []byte(content), 0o600); err != nil {
-		return nil, fmt.Errorf("write %s: %w", path, err)
+	password = strings.TrimSpace(string(raw))
+	ok := password != "" && len(password) <= maxPassword
+	for _, c := range []byte(password) {
+		ok = ok && c >= 0x20 && c <= 0x7e
 	}
-	return id, nil
+	if !ok {
+		// Not quoted: it is a password.
+		return "", false, fmt.Errorf("%s is not a password provision accepts (1 to %d printable ASCII characters); move it away to have a new one made", path, maxPassword)
+	}
+	return password, false, nil
+}
+
+// devGrant writes the development grant to path unless it is there
+// already; replace writes it even then.
+func devGrant(path, recipient, password string, replace bool) error {
+	if !replace {
+		if _, err := os.Stat(path); err == nil {
+			return nil
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("read the development grant: %w", err)
+		}
+	}
+	secret, err := agekey.Encrypt(recipient, []byte(password))
+	if err != nil {
+		return fmt.Errorf("development grant: %w", err)
+	}
+	g := events.GrantChanged{Machine: DevMachine, Requirement: "postgres", Generation: 1, Given: []events.Given{{
+		From: "dev", Node: devNode, Values: events.GivenValues{Name: devDatabase}, Secret: secret,
+	}}}
+	data, err := json.MarshalIndent(g, "", "  ")
+	if err != nil {
+		return fmt.Errorf("development grant: %w", err)
+	}
+	data = append(data, '\n')
+	if replace {
+		return atomicfile.Write(path, data, 0o600)
+	}
+	if err := atomicfile.WriteNew(path, data, 0o600); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	return nil
+}
+
+// devServer is the host (and port, when not the default) to connect to
+// as the granted role: the libpq settings' TCP host, or 127.0.0.1 when
+// they name a socket, where the server would check the role by its OS user
+// rather than its password.
+func devServer() string {
+	host, port := "127.0.0.1", uint16(5432)
+	if cc, err := pgx.ParseConfig(""); err == nil {
+		if cc.Host != "" && !strings.HasPrefix(cc.Host, "/") {
+			host = cc.Host
+		}
+		port = cc.Port
+	}
+	if port != 5432 {
+		return fmt.Sprintf("host=%s port=%d", host, port)
+	}
+	return "host=" + host
 }
 
 // probe connects with the libpq defaults and checks the user can do a

@@ -232,6 +232,17 @@ func (e *env) dbOwner(name string) string {
 	return owner
 }
 
+// hasDatabasePrivilege asks the server whether role (or "public") holds
+// privilege on database.
+func (e *env) hasDatabasePrivilege(role, database, privilege string) bool {
+	e.tb.Helper()
+	var ok bool
+	if err := e.admin.QueryRow(context.Background(), "SELECT pg_catalog.has_database_privilege($1, $2, $3)", role, database, privilege).Scan(&ok); err != nil {
+		e.tb.Fatalf("has_database_privilege(%s, %s, %s): %v", role, database, privilege, err)
+	}
+	return ok
+}
+
 // markedRoles lists the roles with this env's prefix, with their login.
 func (e *env) markedRoles() map[string]roleRow {
 	e.tb.Helper()

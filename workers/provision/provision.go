@@ -4,10 +4,12 @@
 // Each grant is the whole desired state of one machine. The worker
 // reconciles, never applies a delta: every consumer gets a role
 // <prefix><node> that can log in with its granted password and a database
-// it owns; every other role carrying the prefix is made NOLOGIN (never
-// dropped); roles without the prefix are never touched. Passwords are sent
-// to the server only as SCRAM-SHA-256 verifiers Steward computes itself, so
-// no plaintext reaches the server's logs or pg_stat_statements.
+// it owns, closed to every other role (PUBLIC's privileges on it are
+// revoked when it is created); every other role carrying the prefix is
+// made NOLOGIN (never dropped); roles without the prefix are never
+// touched. Passwords are sent to the server only as SCRAM-SHA-256
+// verifiers Steward computes itself, so no plaintext reaches the server's
+// logs or pg_stat_statements.
 package provision
 
 import (
@@ -15,17 +17,16 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"regexp"
 	"strings"
 	"sync/atomic"
 
-	"filippo.io/age"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/pflag"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/agekey"
 	"github.com/steward-dev/steward/workers"
 )
 
@@ -82,10 +83,10 @@ var prefixPattern = regexp.MustCompile(`^[a-z][a-z0-9_]{0,31}$`)
 
 // Worker reconciles one machine's PostgreSQL server with its grants.
 type Worker struct {
-	machine    string
-	prefix     string
-	identities []age.Identity
-	pool       *pgxpool.Pool
+	machine string
+	prefix  string
+	id      *agekey.Identity
+	pool    *pgxpool.Pool
 	// dbTarget names the server for messages (host, port, user; never a
 	// password).
 	dbTarget string
@@ -115,7 +116,7 @@ func newWorker(cfg Config, tracer pgx.QueryTracer) (*Worker, error) {
 	if cfg.AgeIdentity == "" {
 		return nil, errors.New("--age-identity is required: the file holding the machine's age identity that grants' passwords are encrypted to")
 	}
-	ids, err := readIdentities(cfg.AgeIdentity)
+	id, err := agekey.Load(cfg.AgeIdentity)
 	if err != nil {
 		return nil, fmt.Errorf("--age-identity: %w", err)
 	}
@@ -135,27 +136,12 @@ func newWorker(cfg Config, tracer pgx.QueryTracer) (*Worker, error) {
 		return nil, fmt.Errorf("--database-url: %w", err)
 	}
 	return &Worker{
-		machine:    cfg.Machine,
-		prefix:     cfg.RolePrefix,
-		identities: ids,
-		pool:       pool,
-		dbTarget:   fmt.Sprintf("PostgreSQL at %s:%d as %s", pc.ConnConfig.Host, pc.ConnConfig.Port, pc.ConnConfig.User),
+		machine:  cfg.Machine,
+		prefix:   cfg.RolePrefix,
+		id:       id,
+		pool:     pool,
+		dbTarget: fmt.Sprintf("PostgreSQL at %s:%d as %s", pc.ConnConfig.Host, pc.ConnConfig.Port, pc.ConnConfig.User),
 	}, nil
-}
-
-func readIdentities(path string) ([]age.Identity, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("read age identity: %w", err)
-	}
-	defer f.Close()
-	ids, err := age.ParseIdentities(f)
-	if err != nil {
-		// The parser's message can quote the offending line, which may be
-		// key material: say only where to look.
-		return nil, fmt.Errorf("%s holds no age identity in the format age-keygen writes", path)
-	}
-	return ids, nil
 }
 
 // Spec says the worker consumes grant.changed for its machine only.
@@ -190,7 +176,8 @@ type Applied struct {
 	Generation uint64 `json:"generation"`
 	// Created are the roles and databases that did not exist.
 	Created Names `json:"created"`
-	// Altered are the roles whose login or password had to change.
+	// Altered are the roles whose login or password had to change, and
+	// the databases a creation cut short had left open to PUBLIC.
 	Altered Names `json:"altered"`
 	// Revoked are the marked roles no longer granted, made NOLOGIN.
 	Revoked Names `json:"revoked"`

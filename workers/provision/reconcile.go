@@ -91,11 +91,11 @@ func (w *Worker) reconcile(ctx context.Context, g events.GrantChanged) (result, 
 	if ref != nil {
 		return result{}, ref
 	}
-	me, roles, owners, err := w.readState(ctx, conn.Conn(), consumers)
+	me, roles, dbs, err := w.readState(ctx, conn.Conn(), consumers)
 	if err != nil {
 		return result{}, err
 	}
-	if ref := w.checkState(g, consumers, me, roles, owners); ref != nil {
+	if ref := w.checkState(g, consumers, me, roles, dbs); ref != nil {
 		return result{}, ref
 	}
 
@@ -108,15 +108,28 @@ func (w *Worker) reconcile(ctx context.Context, g events.GrantChanged) (result, 
 		if err := w.applyRole(ctx, conn.Conn(), c, roles[c.role], current[i], out); err != nil {
 			return result{}, err
 		}
-		if _, ok := owners[c.database]; ok {
+		db, exists := dbs[c.database]
+		switch {
+		case exists && !db.defaultACL:
 			out.Unchanged.Databases = append(out.Unchanged.Databases, c.database)
 			continue
+		case exists:
+			// Its privileges were never set: the reconcile that created it
+			// stopped before closing it to PUBLIC. Finish that creation.
+			out.Altered.Databases = append(out.Altered.Databases, c.database)
+		default:
+			stmt := "CREATE DATABASE " + pgx.Identifier{c.database}.Sanitize() + " OWNER " + pgx.Identifier{c.role}.Sanitize()
+			if _, err := conn.Exec(ctx, stmt); err != nil {
+				return result{}, fmt.Errorf("create database %q for role %s (generation %d): %w", c.database, c.role, g.Generation, err)
+			}
+			out.Created.Databases = append(out.Created.Databases, c.database)
 		}
-		stmt := "CREATE DATABASE " + pgx.Identifier{c.database}.Sanitize() + " OWNER " + pgx.Identifier{c.role}.Sanitize()
-		if _, err := conn.Exec(ctx, stmt); err != nil {
-			return result{}, fmt.Errorf("create database %q for role %s (generation %d): %w", c.database, c.role, g.Generation, err)
+		// A new database lets PUBLIC, so every role on the server, connect
+		// and make temporary tables; a consumer's database is its owner's
+		// alone.
+		if _, err := conn.Exec(ctx, "REVOKE ALL ON DATABASE "+pgx.Identifier{c.database}.Sanitize()+" FROM PUBLIC"); err != nil {
+			return result{}, fmt.Errorf("revoke PUBLIC's privileges on database %q of role %s (generation %d): %w", c.database, c.role, g.Generation, err)
 		}
-		out.Created.Databases = append(out.Created.Databases, c.database)
 	}
 
 	// Orphans lose their login but keep what they own: whether their
@@ -186,9 +199,17 @@ func (w *Worker) applyRole(ctx context.Context, conn *pgx.Conn, c consumer, st r
 	return nil
 }
 
+// dbState is a granted database as the server has it.
+type dbState struct {
+	owner string
+	// defaultACL says its privileges were never granted or revoked, so
+	// PUBLIC may still connect: the state CREATE DATABASE leaves.
+	defaultACL bool
+}
+
 // readState reads, in two queries, the connected user, every role with
-// the mark and the owners of the granted databases that exist.
-func (w *Worker) readState(ctx context.Context, conn *pgx.Conn, consumers []consumer) (current string, roles map[string]roleState, owners map[string]string, err error) {
+// the mark and the granted databases that exist.
+func (w *Worker) readState(ctx context.Context, conn *pgx.Conn, consumers []consumer) (current string, roles map[string]roleState, dbs map[string]dbState, err error) {
 	if err := conn.QueryRow(ctx, "SELECT current_user").Scan(&current); err != nil {
 		return "", nil, nil, fmt.Errorf("read the current user of %s: %w", w.dbTarget, err)
 	}
@@ -210,23 +231,23 @@ FROM pg_catalog.pg_authid WHERE starts_with(rolname::text, $1)`, w.prefix)
 	for i, c := range consumers {
 		wanted[i] = c.database
 	}
-	rows, _ = conn.Query(ctx, `SELECT datname::text, pg_catalog.pg_get_userbyid(datdba)::text
+	rows, _ = conn.Query(ctx, `SELECT datname::text, pg_catalog.pg_get_userbyid(datdba)::text, datacl IS NULL
 FROM pg_catalog.pg_database WHERE datname::text = ANY($1::text[])`, wanted)
-	owners = map[string]string{}
-	var owner string
-	_, err = pgx.ForEachRow(rows, []any{&name, &owner}, func() error {
-		owners[name] = owner
+	dbs = map[string]dbState{}
+	var db dbState
+	_, err = pgx.ForEachRow(rows, []any{&name, &db.owner, &db.defaultACL}, func() error {
+		dbs[name] = db
 		return nil
 	})
 	if err != nil {
 		return "", nil, nil, fmt.Errorf("read the granted databases on %s: %w", w.dbTarget, err)
 	}
-	return current, roles, owners, nil
+	return current, roles, dbs, nil
 }
 
 // checkState refuses a grant the server's present state makes unsafe.
 // It runs before anything is changed.
-func (w *Worker) checkState(g events.GrantChanged, consumers []consumer, current string, roles map[string]roleState, owners map[string]string) *refusal {
+func (w *Worker) checkState(g events.GrantChanged, consumers []consumer, current string, roles map[string]roleState, dbs map[string]dbState) *refusal {
 	for _, c := range consumers {
 		ref := func(rule, format string, args ...any) *refusal {
 			return &refusal{Refused{Machine: w.machine, Generation: g.Generation, Consumer: c.node, Rule: rule,
@@ -238,8 +259,8 @@ func (w *Worker) checkState(g events.GrantChanged, consumers []consumer, current
 		if roles[c.role].privileged {
 			return ref("role-privileged", "role %s exists with SUPERUSER, REPLICATION or BYPASSRLS; a granted password would hand that power to a consumer, so remove the attribute or rename the role by hand", c.role)
 		}
-		if owner, ok := owners[c.database]; ok && owner != c.role {
-			return ref("database-owner", "database %q exists and is owned by %q, not %s; Steward never takes a database over: change its owner to %s or grant another name", c.database, owner, c.role, c.role)
+		if db, ok := dbs[c.database]; ok && db.owner != c.role {
+			return ref("database-owner", "database %q exists and is owned by %q, not %s; Steward never takes a database over: change its owner to %s or grant another name", c.database, db.owner, c.role, c.role)
 		}
 	}
 	return nil

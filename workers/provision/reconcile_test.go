@@ -47,10 +47,49 @@ func TestLifecycle(t *testing.T) {
 	st := &statements{}
 	w := e.worker(st)
 
-	// Create.
+	// Create: per consumer, by node, its role, its database and the
+	// revocation of PUBLIC's privileges on it.
 	out := apply(t, w, e.grant(1, giv{"b", db, "pb-1"}, giv{"a", da, "pa-1"}))
 	assertNames(t, "created roles", out.Created.Roles, []string{ra, rb})
 	assertNames(t, "created databases", out.Created.Databases, []string{da, db})
+	assertNames(t, "altered databases", out.Altered.Databases, nil)
+	var created []string
+	for _, q := range st.ddl() {
+		// The generation table is made only on a server that lacks it.
+		if !strings.Contains(q, " IF NOT EXISTS ") {
+			created = append(created, q)
+		}
+	}
+	wantDDL := []string{
+		"CREATE ROLE " + pgx.Identifier{ra}.Sanitize() + " WITH ",
+		"CREATE DATABASE " + pgx.Identifier{da}.Sanitize() + " OWNER " + pgx.Identifier{ra}.Sanitize(),
+		"REVOKE ALL ON DATABASE " + pgx.Identifier{da}.Sanitize() + " FROM PUBLIC",
+		"CREATE ROLE " + pgx.Identifier{rb}.Sanitize() + " WITH ",
+		"CREATE DATABASE " + pgx.Identifier{db}.Sanitize() + " OWNER " + pgx.Identifier{rb}.Sanitize(),
+		"REVOKE ALL ON DATABASE " + pgx.Identifier{db}.Sanitize() + " FROM PUBLIC",
+	}
+	if len(created) != len(wantDDL) {
+		t.Fatalf("creation sent %q, want %d statements: %q", created, len(wantDDL), wantDDL)
+	}
+	for i, want := range wantDDL {
+		if !strings.HasPrefix(created[i], want) {
+			t.Fatalf("creation statement %d is %q, want %q...", i, created[i], want)
+		}
+	}
+	// Each database is its owner's alone: the other consumer, a role made
+	// by hand and PUBLIC cannot connect to it or make temporary tables.
+	for _, c := range []struct{ database, owner, other string }{{da, ra, rb}, {db, rb, ra}} {
+		if !e.hasDatabasePrivilege(c.owner, c.database, "CONNECT") {
+			t.Fatalf("the owner %s cannot connect to its database %s", c.owner, c.database)
+		}
+		for _, who := range []string{c.other, hand, "public"} {
+			for _, priv := range []string{"CONNECT", "TEMPORARY"} {
+				if e.hasDatabasePrivilege(who, c.database, priv) {
+					t.Fatalf("%s has %s on %s, the database of %s", who, priv, c.database, c.owner)
+				}
+			}
+		}
+	}
 	for node, pw := range map[string]string{"a": "pa-1", "b": "pb-1"} {
 		r := e.roleState(e.role(node))
 		if !r.exists || !r.canLogin || !verifierMatches(r.verifier, pw) {
@@ -314,15 +353,39 @@ func TestHalfAppliedGrantCompletes(t *testing.T) {
 		t.Fatal("a half-applied generation was recorded as applied")
 	}
 
+	// The crash fell between a's CREATE DATABASE and its REVOKE: PUBLIC,
+	// so every role, may still connect to it.
+	if !e.hasDatabasePrivilege("public", e.db("a"), "CONNECT") {
+		t.Fatal("the interruption did not land before the REVOKE on a's database")
+	}
+
 	st.onEnd = nil
+	st.reset()
 	out := apply(t, w, g)
 	assertNames(t, "created roles", out.Created.Roles, []string{e.role("b")})
 	assertNames(t, "created databases", out.Created.Databases, []string{e.db("b")})
 	assertNames(t, "unchanged roles", out.Unchanged.Roles, []string{e.role("a")})
-	assertNames(t, "unchanged databases", out.Unchanged.Databases, []string{e.db("a")})
+	assertNames(t, "altered databases", out.Altered.Databases, []string{e.db("a")})
+	assertNames(t, "unchanged databases", out.Unchanged.Databases, nil)
 	if e.appliedGeneration() != 1 || e.dbOwner(e.db("b")) != e.role("b") {
 		t.Fatalf("the redelivery did not complete generation 1")
 	}
+	for _, node := range []string{"a", "b"} {
+		if e.hasDatabasePrivilege("public", e.db(node), "CONNECT") || !e.hasDatabasePrivilege(e.role(node), e.db(node), "CONNECT") {
+			t.Fatalf("after the redelivery database %s is not its owner's alone", e.db(node))
+		}
+	}
+	if e.hasDatabasePrivilege(e.role("b"), e.db("a"), "CONNECT") {
+		t.Fatalf("%s can connect to the database of a", e.role("b"))
+	}
+
+	// Completed, the next generation sends no DDL at all.
+	st.reset()
+	out = apply(t, w, e.grant(2, giv{"a", e.db("a"), "p-a"}, giv{"b", e.db("b"), "p-b"}))
+	if ddl := st.ddl(); len(ddl) != 0 {
+		t.Fatalf("a no-op reconcile after the completion sent %q", ddl)
+	}
+	assertNames(t, "unchanged databases", out.Unchanged.Databases, []string{e.db("a"), e.db("b")})
 }
 
 // TestDatabaseDownIsRetried points a worker at a port nobody listens on:

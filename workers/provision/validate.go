@@ -1,17 +1,15 @@
 package provision
 
 import (
+	"errors"
 	"fmt"
-	"io"
 	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
 
-	"filippo.io/age"
-	"filippo.io/age/armor"
-
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/agekey"
 )
 
 // consumer is one validated consumer of a grant.
@@ -106,18 +104,18 @@ func checkDatabaseName(name string) (rule, why string) {
 }
 
 // decrypt opens a consumer's secret with the machine's identity and checks
-// the password. The rule and reason never hold the password.
+// the password. The rule and reason never hold the password, and agekey's
+// errors never quote a line of the secret.
 func (w *Worker) decrypt(secret string) (password, rule, why string) {
-	if !strings.HasPrefix(strings.TrimSpace(secret), armor.Header) {
-		return "", "secret-undecryptable", "the secret is not armored age ciphertext (it must begin with " + armor.Header + ")"
-	}
-	r, err := age.Decrypt(armor.NewReader(strings.NewReader(secret)), w.identities...)
-	if err != nil {
-		return "", "secret-undecryptable", fmt.Sprintf("the secret does not decrypt with this machine's age identity (%v); encrypt it to this machine's recipient", err)
-	}
-	plain, err := io.ReadAll(io.LimitReader(r, maxPassword+1))
-	if err != nil {
-		return "", "secret-undecryptable", fmt.Sprintf("the secret's ciphertext is damaged (%v)", err)
+	plain, err := w.id.Decrypt(secret)
+	defer clear(plain)
+	switch {
+	case errors.Is(err, agekey.ErrNoMatch):
+		return "", "secret-undecryptable", fmt.Sprintf("the secret is encrypted to another key, not to this machine's age identity; encrypt it to %s", strings.Join(w.id.Recipients(), " or "))
+	case errors.Is(err, agekey.ErrTooLarge):
+		return "", "password-length", fmt.Sprintf("the password is over %d bytes", maxPassword)
+	case err != nil:
+		return "", "secret-undecryptable", fmt.Sprintf("the secret does not decrypt with this machine's age identity: %v", err)
 	}
 	switch {
 	case len(plain) == 0:
