@@ -32,6 +32,7 @@ type Delivery struct {
 	Log zerolog.Logger
 
 	w     *Worker
+	lane  string
 	cp    checkpoint
 	cpRev uint64
 	// replay is set when the event is replayed through the handler outside
@@ -76,7 +77,7 @@ func (d *Delivery) SaveStage(ctx context.Context, v any) error {
 	}
 	next := d.cp
 	next.StageSeq, next.Stage = d.Sequence, raw
-	rev, err := d.w.putCheckpoint(ctx, d.Key, next, d.cpRev)
+	rev, err := d.w.putCheckpoint(ctx, d.lane, next, d.cpRev)
 	if err != nil {
 		return fmt.Errorf("save stage for %s (event %s): %w", d.Key, d.Event.ID(), err)
 	}

@@ -15,6 +15,9 @@ const (
 	resultRetried  = "retried"
 	resultDead     = "dead_lettered"
 	resultReleased = "released" // naked at shutdown, redelivered at once
+	// resultDeferred is logged, not counted: the event waits, still held,
+	// behind an earlier event of its key.
+	resultDeferred = "deferred"
 )
 
 type metrics struct {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -334,31 +335,88 @@ func TestKilledWorkerIsResumedFromTheSavedStage(t *testing.T) {
 	}
 }
 
-func TestOldEventRedeliveredAfterANewerOneIsSkipped(t *testing.T) {
-	srv := workertest.StartServer(t)
-	const ackWait = 500 * time.Millisecond
-
-	// Worker A takes version 1 and dies holding it.
-	ncA := srv.Connect(t)
-	jsA, _ := jetstream.New(ncA)
+// dieHolding starts a worker on its own connection whose handler takes the
+// first event it gets and hangs, as a process killed mid-handler does, then
+// closes that connection. It returns once the event is held and the
+// connection is gone: the server redelivers the event only after AckWait.
+func dieHolding(t *testing.T, srv *workertest.Server, sp workers.Spec, ackWait time.Duration, publish func()) {
+	t.Helper()
+	nc := srv.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
 	started := make(chan struct{})
 	hang := make(chan struct{})
-	defer close(hang)
-	workertest.Start(t, jsA, spec("stale"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
-		close(started)
-		<-hang
+	t.Cleanup(func() { close(hang) })
+	var once sync.Once
+	workertest.Start(t, js, sp, workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		once.Do(func() { close(started) })
+		select {
+		case <-hang:
+		case <-ctx.Done():
+		}
 		return errors.New("killed")
 	}), workers.WithAckWait(ackWait), workers.WithShutdownGrace(time.Millisecond))
-	js := srv.JetStream(t)
-	publishRotation(t, js, "hive-s", 1)
+	publish()
 	<-started
-	ncA.Close()
+	nc.Close()
+	// Until the server drops the dead connection's pull requests, it could
+	// still hand that connection the next event.
+	observer := srv.JetStream(t)
+	workertest.WaitUntil(t, "the dead worker's pull requests are gone", func() bool {
+		return consumerInfo(t, observer, sp.Name+"-"+sp.Instance).NumWaiting == 0
+	})
+}
 
-	// Worker B gets version 2 at once and version 1 only after AckWait.
+func TestAnEventHeldByADeadWorkerIsHandledBeforeLaterOnesOfItsKey(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	const ackWait = 500 * time.Millisecond
+
+	// Worker A takes version 1 and dies holding it; version 2 is published
+	// after, so a new worker gets it at once and version 1 only after
+	// AckWait. Version 1 must still come first.
+	dieHolding(t, srv, spec("crashorder"), ackWait, func() { publishRotation(t, js, "hive-c", 1) })
+	publishRotation(t, js, "hive-c", 2)
+	rec := newRecorder()
+	var attempts sync.Map
+	b := workertest.Start(t, js, spec("crashorder"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		v := versionOf(t, d)
+		rec.record(d.Key, v)
+		attempts.Store(v, d.Attempt)
+		return nil
+	}), workers.WithAckWait(ackWait))
+	workertest.WaitIdle(t, js, b.ConsumerName())
+	if got := strings.Join(rec.order, " "); got != "hive-c:1 hive-c:2" {
+		t.Fatalf("handled %q, want version 1 then version 2", got)
+	}
+	// Version 2 waited while held: the wait cost it no delivery.
+	if a1, _ := attempts.Load(uint64(1)); a1 != uint64(2) {
+		t.Errorf("version 1 handled on attempt %v, want 2 (the dead worker had the first)", a1)
+	}
+	if a2, _ := attempts.Load(uint64(2)); a2 != uint64(1) {
+		t.Errorf("version 2 handled on attempt %v, want 1", a2)
+	}
+}
+
+func TestOldEventRedeliveredAfterANewerOneIsSkipped(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	// Long enough that the new worker surely takes version 2 before the
+	// dead worker's version 1 comes back.
+	const ackWait = 2 * time.Second
+
+	// One order key over every hive's subject: an earlier event on another
+	// subject is not looked for, so here the newer event is applied first
+	// and the checkpoint alone must keep the key from rolling back.
+	sp := spec("stale")
+	sp.OrderKey = func(event.Event) string { return "all-hives" }
+	dieHolding(t, srv, sp, ackWait, func() { publishRotation(t, js, "hive-s1", 1) })
+	publishRotation(t, js, "hive-s2", 2)
 	rec := newRecorder()
 	reg := prometheus.NewRegistry()
-	publishRotation(t, js, "hive-s", 2)
-	b := workertest.Start(t, js, spec("stale"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+	b := workertest.Start(t, js, sp, workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
 		rec.record(d.Key, versionOf(t, d))
 		return nil
 	}), workers.WithAckWait(ackWait), workers.WithRegisterer(reg))
@@ -368,6 +426,31 @@ func TestOldEventRedeliveredAfterANewerOneIsSkipped(t *testing.T) {
 	}
 	if got := counter(t, reg, "skipped"); got != 1 {
 		t.Fatalf("skipped %v, want 1", got)
+	}
+}
+
+func TestADeadLetterDoesNotHoldUpItsKey(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	const ackWait = 500 * time.Millisecond
+	// Version 1 is refused; a worker that dies holding version 2 and a new
+	// worker for version 3 must not wait on version 1, which is settled.
+	refuseFirst := workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		return workers.Permanent(errors.New("refused"))
+	})
+	first := workertest.Start(t, js, spec("dlqorder"), refuseFirst)
+	publishRotation(t, js, "hive-d", 1)
+	workertest.WaitIdle(t, js, first.ConsumerName())
+	first.Stop()
+	rec := newRecorder()
+	publishRotation(t, js, "hive-d", 2)
+	b := workertest.Start(t, js, spec("dlqorder"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		rec.record(d.Key, versionOf(t, d))
+		return nil
+	}), workers.WithAckWait(ackWait))
+	workertest.WaitIdle(t, js, b.ConsumerName())
+	if got := strings.Join(rec.order, " "); got != "hive-d:2" {
+		t.Fatalf("handled %q, want only version 2", got)
 	}
 }
 

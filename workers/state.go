@@ -37,31 +37,39 @@ func kvToken(key string) string {
 	return "_" + strings.ToLower(base32.HexEncoding.WithPadding(base32.NoPadding).EncodeToString([]byte(key)))
 }
 
-func (w *Worker) checkpointKey(key string) string {
-	return "cp." + w.spec.Name + "." + w.spec.Instance + "." + kvToken(key)
+// laneOf names what orders and checkpoints an event: its kind and its
+// order key, so a box and a deployment that share a name never share a
+// checkpoint.
+func laneOf(typ, key string) string {
+	kind := strings.ReplaceAll(strings.TrimSuffix(strings.TrimPrefix(typ, "dev.steward."), ".v1"), ".", "-")
+	return kvToken(kind) + "." + kvToken(key)
 }
 
-func (w *Worker) getCheckpoint(ctx context.Context, key string) (checkpoint, uint64, error) {
+func (w *Worker) checkpointKey(lane string) string {
+	return "cp." + w.spec.Name + "." + w.spec.Instance + "." + lane
+}
+
+func (w *Worker) getCheckpoint(ctx context.Context, lane string) (checkpoint, uint64, error) {
 	var cp checkpoint
-	entry, err := w.kv.Get(ctx, w.checkpointKey(key))
+	entry, err := w.kv.Get(ctx, w.checkpointKey(lane))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return cp, 0, nil
 	}
 	if err != nil {
-		return cp, 0, fmt.Errorf("read checkpoint of %s: %w", key, err)
+		return cp, 0, fmt.Errorf("read checkpoint of %s: %w", lane, err)
 	}
 	if err := json.Unmarshal(entry.Value(), &cp); err != nil {
-		return cp, 0, fmt.Errorf("checkpoint of %s is not readable: %w", key, err)
+		return cp, 0, fmt.Errorf("checkpoint of %s is not readable: %w", lane, err)
 	}
 	return cp, entry.Revision(), nil
 }
 
-func (w *Worker) putCheckpoint(ctx context.Context, key string, cp checkpoint, rev uint64) (uint64, error) {
+func (w *Worker) putCheckpoint(ctx context.Context, lane string, cp checkpoint, rev uint64) (uint64, error) {
 	raw, err := json.Marshal(cp)
 	if err != nil {
 		return 0, err
 	}
-	return casPut(ctx, w.kv, w.checkpointKey(key), raw, rev)
+	return casPut(ctx, w.kv, w.checkpointKey(lane), raw, rev)
 }
 
 // casPut writes only over revision rev (0: only if absent).

@@ -40,6 +40,7 @@ type Worker struct {
 	handler  Handler
 	o        options
 	kv       jetstream.KeyValue
+	stream   jetstream.Stream
 	consumer jetstream.Consumer
 	state    *State
 	log      zerolog.Logger
@@ -64,14 +65,19 @@ type Worker struct {
 type held struct {
 	msg       jetstream.Msg
 	event     event.Event
-	key       string
+	key       string // the order key, as handlers see it
+	lane      string // what orders and checkpoints it (laneOf)
 	seq       uint64
 	delivered uint64
+	// deferredSince is when the event was first found waiting behind an
+	// earlier event of its key that another process holds.
+	deferredSince time.Time
 }
 
 // lane is the queue of one order key. Events of a key run one at a time in
-// stream order; after a retry is scheduled the lane waits for that event to
-// come back before it runs anything later.
+// stream order; after a retry is scheduled, or when an earlier event of the
+// key is still held elsewhere (by a process that died holding it), the lane
+// waits for that event to come back before it runs anything later.
 type lane struct {
 	queue     []*held
 	running   bool
@@ -125,6 +131,9 @@ func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts
 	}
 	w.kv = kv
 	w.state = &State{kv: kv, prefix: "st." + spec.Name + "." + spec.Instance + "."}
+	if w.stream, err = js.Stream(ctx, publisher.StreamEvents); err != nil {
+		return nil, fmt.Errorf("stream %s: %w", publisher.StreamEvents, err)
+	}
 	w.consumer, err = js.CreateOrUpdateConsumer(ctx, publisher.StreamEvents, jetstream.ConsumerConfig{
 		Durable:        w.consumerName(),
 		Description:    "Steward " + spec.Name + " worker for " + spec.Instance,
@@ -298,13 +307,14 @@ func (w *Worker) accept(msg jetstream.Msg) {
 		return
 	}
 	h.event, h.key = e, w.spec.OrderKey(e)
+	h.lane = laneOf(e.Type(), h.key)
 
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	l := w.lanes[h.key]
+	l := w.lanes[h.lane]
 	if l == nil {
 		l = &lane{}
-		w.lanes[h.key] = l
+		w.lanes[h.lane] = l
 	}
 	if i := slices.IndexFunc(l.queue, func(q *held) bool { return q.seq == h.seq }); i >= 0 {
 		// Redelivered while still queued here: keep the newer delivery.
@@ -321,12 +331,17 @@ func (w *Worker) accept(msg jetstream.Msg) {
 	}
 	w.held[h] = struct{}{}
 	w.m.inFlight.With(w.labels).Inc()
-	i, _ := slices.BinarySearchFunc(l.queue, h.seq, func(q *held, seq uint64) int { return cmp.Compare(q.seq, seq) })
-	l.queue = slices.Insert(l.queue, i, h)
+	l.insert(h)
 	if l.waitFor == h.seq {
 		l.waitFor = 0
 	}
-	w.startLane(h.key, l)
+	w.startLane(h.lane, l)
+}
+
+// insert queues h in stream order.
+func (l *lane) insert(h *held) {
+	i, _ := slices.BinarySearchFunc(l.queue, h.seq, func(q *held, seq uint64) int { return cmp.Compare(q.seq, seq) })
+	l.queue = slices.Insert(l.queue, i, h)
 }
 
 // startLane runs a lane that has work and no runner. Callers hold w.mu.
@@ -367,8 +382,21 @@ func (w *Worker) runLane(key string, l *lane) {
 			w.unhold(h)
 			continue
 		}
-		retried := w.process(h)
+		retried, behind := w.process(h)
 		<-w.sem
+		if behind != 0 {
+			// Still held, and heartbeated, so waiting costs no delivery:
+			// back in the queue until the earlier event comes back or
+			// the wait runs out and the order is checked again.
+			w.mu.Lock()
+			l.insert(h)
+			if l.queue[0] == h {
+				l.waitFor = behind
+				l.waitUntil = w.now().Add(w.o.ackWait)
+			}
+			w.mu.Unlock()
+			continue
+		}
 		w.unhold(h)
 		if retried {
 			w.mu.Lock()
@@ -478,14 +506,15 @@ func (w *Worker) withResult(result string) prometheus.Labels {
 }
 
 // process runs one delivery to its end and reports whether a retry was
-// scheduled.
-func (w *Worker) process(h *held) (retried bool) {
+// scheduled, or the sequence of an earlier event of the same key that must
+// settle first (the delivery is then still held, neither acked nor naked).
+func (w *Worker) process(h *held) (retried bool, behind uint64) {
 	ctx := w.handlerCtx
 	start := w.now()
 	log := w.log.With().
 		Str("key", h.key).Str("event_id", h.event.ID()).Str("type", h.event.Type()).
 		Uint64("seq", h.seq).Uint64("attempt", h.delivered).Logger()
-	result, err := w.apply(ctx, h, log)
+	result, behind, err := w.apply(ctx, h, log)
 	elapsed := w.now().Sub(start)
 	w.m.duration.With(w.labels).Observe(elapsed.Seconds())
 
@@ -505,16 +534,20 @@ func (w *Worker) process(h *held) (retried bool) {
 	if err != nil {
 		ev = log.Warn().Str("error", oneLine(err.Error()))
 	}
+	if behind != 0 {
+		ev = ev.Uint64("behind", behind)
+	}
 	ev.Str("outcome", result).Dur("duration", elapsed).Msg("delivery handled")
-	return result == resultRetried
+	return result == resultRetried, behind
 }
 
-// apply checks the checkpoint, runs the handler and records success. It
-// returns a result when the delivery is settled, or the handler's error.
-func (w *Worker) apply(ctx context.Context, h *held, log zerolog.Logger) (string, error) {
-	cp, rev, err := w.getCheckpoint(ctx, h.key)
+// apply checks the checkpoint and the order, runs the handler and records
+// success. It returns a result when the delivery is settled or deferred
+// (with the sequence it waits behind), or the handler's error.
+func (w *Worker) apply(ctx context.Context, h *held, log zerolog.Logger) (string, uint64, error) {
+	cp, rev, err := w.getCheckpoint(ctx, h.lane)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	if h.seq <= cp.Applied {
 		// A late redelivery of something older than what was applied:
@@ -522,18 +555,77 @@ func (w *Worker) apply(ctx context.Context, h *held, log zerolog.Logger) (string
 		w.ack(ctx, h, log)
 		w.m.events.With(w.withResult(resultSkipped)).Inc()
 		log.Info().Uint64("applied", cp.Applied).Msg("event is older than the last applied for its key; skipped")
-		return resultSkipped, nil
+		return resultSkipped, 0, nil
 	}
-	d := &Delivery{Event: h.event, Key: h.key, Sequence: h.seq, Attempt: h.delivered, Log: log, w: w, cp: cp, cpRev: rev}
+	behind, err := w.earlierUnsettled(ctx, h, cp.Applied)
+	if err != nil {
+		return "", 0, err
+	}
+	if behind != 0 {
+		now := w.now()
+		if h.deferredSince.IsZero() {
+			h.deferredSince = now
+		}
+		if waited := now.Sub(h.deferredSince); waited < w.orderWait() {
+			return resultDeferred, behind, nil
+		}
+		log.Warn().Uint64("behind", behind).Dur("waited", now.Sub(h.deferredSince)).
+			Msg("an earlier event of this key has not settled in time; handling this one without it, and the earlier one is skipped if it comes back")
+	}
+	d := &Delivery{Event: h.event, Key: h.key, Sequence: h.seq, Attempt: h.delivered, Log: log, w: w, lane: h.lane, cp: cp, cpRev: rev}
 	if err := w.call(ctx, d); err != nil {
-		return "", err
+		return "", 0, err
 	}
-	if err := w.markApplied(ctx, d); err != nil {
-		return "", err
+	if err := w.markApplied(ctx, h, d.cp, d.cpRev); err != nil {
+		return "", 0, err
 	}
 	w.ack(ctx, h, log)
 	w.m.events.With(w.withResult(resultApplied)).Inc()
-	return resultApplied, nil
+	return resultApplied, 0, nil
+}
+
+// maxOrderScan bounds how many earlier events on the subject are read to
+// find one of the same key; past it the checkpoint alone keeps the key
+// from rolling back.
+const maxOrderScan = 64
+
+// earlierUnsettled returns the sequence of an event of the same kind and
+// order key, on the same subject, stored after the last applied one and
+// before h: an event another process took and has not settled (it died
+// holding it, or is still working on it). Handling h first would break the
+// key's stream order, so h waits for it. Zero when there is none.
+func (w *Worker) earlierUnsettled(ctx context.Context, h *held, applied uint64) (uint64, error) {
+	seq := applied + 1
+	for range maxOrderScan {
+		if seq >= h.seq {
+			return 0, nil
+		}
+		m, err := w.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(h.msg.Subject()))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return 0, nil
+		}
+		if err != nil {
+			return 0, fmt.Errorf("check the order of %s before sequence %d: %w", h.key, h.seq, err)
+		}
+		if m.Sequence >= h.seq {
+			return 0, nil
+		}
+		// Invalid events and events of other keys never block this one:
+		// they are dead-lettered or ordered on their own.
+		if e, err := events.Decode(m.Header, m.Data); err == nil && w.check(m.Subject, e) == nil &&
+			laneOf(e.Type(), w.spec.OrderKey(e)) == h.lane {
+			return m.Sequence, nil
+		}
+		seq = m.Sequence + 1
+	}
+	return 0, nil
+}
+
+// orderWait is how long an event waits behind an earlier one of its key
+// that another process holds: long enough for that process's deliveries
+// to run out, after which it would never come back.
+func (w *Worker) orderWait() time.Duration {
+	return w.o.ackWait*time.Duration(w.o.maxDeliver) + time.Minute
 }
 
 // call runs the handler and turns a panic into an ordinary failure.
@@ -548,27 +640,34 @@ func (w *Worker) call(ctx context.Context, d *Delivery) (err error) {
 	return w.handler.Handle(ctx, d)
 }
 
-// markApplied moves the key's checkpoint to this event, unless another
-// process already moved it further.
-func (w *Worker) markApplied(ctx context.Context, d *Delivery) error {
-	cp, rev := d.cp, d.cpRev
+// markApplied moves the key's checkpoint to this event (applied, or
+// settled in the DLQ), unless another process already moved it further, so
+// later events of the key never wait for it. cp and rev are what the caller
+// last read or wrote (zero: read it first).
+func (w *Worker) markApplied(ctx context.Context, h *held, cp checkpoint, rev uint64) error {
+	var err error
+	if rev == 0 {
+		if cp, rev, err = w.getCheckpoint(ctx, h.lane); err != nil {
+			return err
+		}
+	}
 	for range 5 {
-		if cp.Applied >= d.Sequence {
+		if cp.Applied >= h.seq {
 			return nil
 		}
-		next := checkpoint{Applied: d.Sequence, EventID: d.Event.ID()}
-		_, err := w.putCheckpoint(ctx, d.Key, next, rev)
+		next := checkpoint{Applied: h.seq, EventID: h.event.ID()}
+		_, err := w.putCheckpoint(ctx, h.lane, next, rev)
 		if err == nil {
 			return nil
 		}
 		if !errors.Is(err, ErrConflict) {
-			return fmt.Errorf("record %s applied at sequence %d (event %s): %w", d.Key, d.Sequence, d.Event.ID(), err)
+			return fmt.Errorf("record %s settled at sequence %d (event %s): %w", h.key, h.seq, h.event.ID(), err)
 		}
-		if cp, rev, err = w.getCheckpoint(ctx, d.Key); err != nil {
+		if cp, rev, err = w.getCheckpoint(ctx, h.lane); err != nil {
 			return err
 		}
 	}
-	return fmt.Errorf("record %s applied at sequence %d (event %s): %w", d.Key, d.Sequence, d.Event.ID(), ErrConflict)
+	return fmt.Errorf("record %s settled at sequence %d (event %s): %w", h.key, h.seq, h.event.ID(), ErrConflict)
 }
 
 func (w *Worker) ack(ctx context.Context, h *held, log zerolog.Logger) {
@@ -623,6 +722,13 @@ func (w *Worker) deadLetter(h *held, reason error, log zerolog.Logger) string {
 	if _, err := w.js.PublishMsg(ctx, dl, jetstream.WithExpectStream(publisher.StreamDLQ)); err != nil {
 		log.Error().Err(err).Msg("the DLQ could not be written; retrying the event instead of dropping it")
 		return w.retry(h, err, log)
+	}
+	if h.lane != "" {
+		// Settled: later events of its key must not wait for it.
+		if err := w.markApplied(ctx, h, checkpoint{}, 0); err != nil {
+			log.Error().Err(err).Msg("the checkpoint could not record the dead letter; retrying the event (the DLQ deduplicates it)")
+			return w.retry(h, err, log)
+		}
 	}
 	if err := h.msg.TermWithReason(truncate(msg, 256)); err != nil {
 		log.Warn().Err(err).Msg("term failed after the event reached the DLQ; a redelivery is deduplicated there")
