@@ -150,21 +150,24 @@ func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts
 	return w, nil
 }
 
+// ErrInvalidSpec marks a Spec or options New refuses: no retry fixes it.
+var ErrInvalidSpec = errors.New("invalid worker spec")
+
 func checkSpec(spec Spec, o options) error {
 	if err := events.CheckKey(spec.Name); err != nil {
-		return fmt.Errorf("worker name: %w", err)
+		return fmt.Errorf("%w: worker name: %v", ErrInvalidSpec, err)
 	}
 	if err := events.CheckKey(spec.Instance); err != nil {
-		return fmt.Errorf("worker %s instance: %w", spec.Name, err)
+		return fmt.Errorf("%w: worker %s instance: %v", ErrInvalidSpec, spec.Name, err)
 	}
 	if len(spec.Subjects) == 0 {
-		return fmt.Errorf("worker %s: no subjects to consume", spec.Name)
+		return fmt.Errorf("%w: worker %s has no subjects to consume", ErrInvalidSpec, spec.Name)
 	}
 	if len(spec.Types) == 0 {
-		return fmt.Errorf("worker %s: no event types to handle", spec.Name)
+		return fmt.Errorf("%w: worker %s has no event types to handle", ErrInvalidSpec, spec.Name)
 	}
 	if o.ackWait < 100*time.Millisecond || o.maxDeliver < 1 || o.concurrency < 1 {
-		return fmt.Errorf("worker %s: ack wait %v, max deliver %d and concurrency %d must be at least 100ms, 1 and 1", spec.Name, o.ackWait, o.maxDeliver, o.concurrency)
+		return fmt.Errorf("%w: worker %s: ack wait %v, max deliver %d and concurrency %d must be at least 100ms, 1 and 1", ErrInvalidSpec, spec.Name, o.ackWait, o.maxDeliver, o.concurrency)
 	}
 	return nil
 }

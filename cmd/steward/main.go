@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -138,28 +139,44 @@ func (g *globals) connect(ctx context.Context, name string, wait bool) (*nats.Co
 	if g.natsCreds != "" {
 		opts = append(opts, nats.UserCredentials(g.natsCreds))
 	}
-	delay := 500 * time.Millisecond
-	for {
-		nc, err := nats.Connect(g.natsURL, opts...)
-		if err == nil {
-			js, err := jetstream.New(nc)
-			if err != nil {
-				nc.Close()
-				return nil, nil, err
-			}
-			return nc, js, nil
+	var (
+		nc *nats.Conn
+		js jetstream.JetStream
+	)
+	dial := func() error {
+		c, err := nats.Connect(g.natsURL, opts...)
+		if err != nil {
+			return fmt.Errorf("connect to NATS at %s (--nats-url): %w", redactURL(g.natsURL), err)
 		}
-		if !wait {
-			return nil, nil, fmt.Errorf("connect to NATS at %s (--nats-url): %w", redactURL(g.natsURL), err)
+		j, err := jetstream.New(c)
+		if err != nil {
+			c.Close()
+			return backoff.Permanent(err)
 		}
-		g.log.Warn().Err(err).Str("url", redactURL(g.natsURL)).Dur("retry_in", delay).Msg("NATS is not reachable yet")
-		select {
-		case <-ctx.Done():
-			return nil, nil, fmt.Errorf("connect to NATS at %s: %w", redactURL(g.natsURL), ctx.Err())
-		case <-time.After(delay):
-		}
-		delay = min(2*delay, 10*time.Second)
+		nc, js = c, j
+		return nil
 	}
+	if !wait {
+		return nc, js, dial()
+	}
+	if err := g.retry(ctx, "NATS is not reachable yet", dial); err != nil {
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
+// retry runs fn until it succeeds, ctx ends or fn returns a
+// backoff.Permanent error, waiting between tries with exponential backoff
+// (500ms to 10s). Processes started beside a NATS server or a cluster that
+// is still forming (compose, systemd) wait for it instead of exiting.
+func (g *globals) retry(ctx context.Context, what string, fn func() error) error {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = 500 * time.Millisecond
+	b.MaxInterval = 10 * time.Second
+	b.MaxElapsedTime = 0
+	return backoff.RetryNotify(fn, backoff.WithContext(b, ctx), func(err error, next time.Duration) {
+		g.log.Warn().Err(err).Dur("retry_in", next).Msg(what)
+	})
 }
 
 // redactURL hides a password in a NATS URL before it is printed.

@@ -46,7 +46,9 @@ store the event. /metrics, /healthz and /readyz are served on the same port.`,
 				return err
 			}
 			defer nc.Close()
-			if err := publisher.EnsureStreams(ctx, js, streamConfig(g)); err != nil {
+			if err := g.retry(ctx, "streams not ready yet", func() error {
+				return publisher.EnsureStreams(ctx, js, streamConfig(g))
+			}); err != nil {
 				return err
 			}
 			reg := newRegistry()

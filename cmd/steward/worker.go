@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"github.com/cenkalti/backoff/v4"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -79,7 +81,14 @@ func runWorker(ctx context.Context, g *globals, rf *runtimeFlags, name string, h
 	}
 	defer nc.Close()
 	reg := newRegistry()
-	w, err := workers.New(ctx, js, h.Spec(), h, rf.options(g, reg)...)
+	var w *workers.Worker
+	err = g.retry(ctx, name+" worker: streams or consumer not ready yet", func() error {
+		w, err = workers.New(ctx, js, h.Spec(), h, rf.options(g, reg)...)
+		if errors.Is(err, workers.ErrInvalidSpec) {
+			return backoff.Permanent(err)
+		}
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("%s worker: %w", name, err)
 	}
