@@ -14,36 +14,45 @@ import (
 // folder with mode perm, fsyncs it, renames it over path and fsyncs the
 // folder, so the new content survives a power cut once Write returns.
 func Write(path string, data []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	tmp, err := writeTemp(path, data, perm)
 	if err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
 		return fmt.Errorf("write %s: %w", path, err)
 	}
-	committed := false
-	defer func() {
-		if !committed {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
+	return SyncDir(filepath.Dir(path))
+}
+
+// writeTemp writes data, durably and with exactly mode perm, to a new
+// temporary file beside path and returns its name. On error nothing is
+// left behind.
+func writeTemp(path string, data []byte, perm os.FileMode) (string, error) {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return "", fmt.Errorf("write %s: %w", path, err)
+	}
+	fail := func(err error) (string, error) {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return "", fmt.Errorf("write %s: %w", path, err)
+	}
 	// CreateTemp makes the file 0600; Chmod sets exactly perm whatever the umask.
 	if err := tmp.Chmod(perm); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
+		return fail(err)
 	}
 	if _, err := tmp.Write(data); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
+		return fail(err)
 	}
 	if err := tmp.Sync(); err != nil {
-		return fmt.Errorf("write %s: fsync: %w", path, err)
+		return fail(fmt.Errorf("fsync: %w", err))
 	}
 	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
+		os.Remove(tmp.Name())
+		return "", fmt.Errorf("write %s: %w", path, err)
 	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	committed = true
-	return SyncDir(dir)
+	return tmp.Name(), nil
 }
 
 // SyncDir fsyncs a folder, so a rename or a new entry in it is durable.
@@ -66,34 +75,20 @@ func SyncDir(dir string) error {
 // is never lost to a second run. An existing path is an error wrapping
 // fs.ErrExist.
 func WriteNew(path string, data []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
 	if _, err := os.Lstat(path); err == nil {
 		return fmt.Errorf("%s already exists; refusing to overwrite it: %w", path, fs.ErrExist)
 	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	tmp, err := writeTemp(path, data, perm)
 	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
+		return err
 	}
 	// The link, not the temporary name, is what survives.
-	defer os.Remove(tmp.Name())
-	defer tmp.Close()
-	if err := tmp.Chmod(perm); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if _, err := tmp.Write(data); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		return fmt.Errorf("write %s: fsync: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Link(tmp.Name(), path); err != nil {
+	defer os.Remove(tmp)
+	if err := os.Link(tmp, path); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("%s already exists; refusing to overwrite it: %w", path, fs.ErrExist)
 		}
 		return fmt.Errorf("write %s: %w", path, err)
 	}
-	return SyncDir(dir)
+	return SyncDir(filepath.Dir(path))
 }
