@@ -58,7 +58,7 @@ func TestFaultPostgresRestart(t *testing.T) {
 
 	g1 := grant(t, recipient, machine, 1, "orders")
 	b.publish(t, g1)
-	if o := waitOutcome(t, b, "provision", machine, g1.ID(), time.Minute); o.Type() != "dev.steward.provision.applied.v1" {
+	if o := waitOutcome(t, b, "provision", machine, g1.ID(), time.Minute); o.Type() != "dev.steward.grant.applied.v1" {
 		t.Fatalf("generation 1: outcome %s (%s); want applied", o.Type(), o.Data())
 	}
 
@@ -83,7 +83,7 @@ func TestFaultPostgresRestart(t *testing.T) {
 	restarted := time.Now()
 	o := waitOutcome(t, b, "provision", machine, g2.ID(), 2*time.Minute)
 	recover := time.Since(restarted)
-	if o.Type() != "dev.steward.provision.applied.v1" {
+	if o.Type() != "dev.steward.grant.applied.v1" {
 		t.Fatalf("generation 2: outcome %s (%s); want applied", o.Type(), o.Data())
 	}
 	var applied struct {

@@ -50,6 +50,11 @@ type Spec struct {
 	// key is skipped. The default is the event's key (its subject
 	// attribute). Converge orders every release of one install together.
 	OrderKey func(e event.Event) string
+	// OutcomeNoun is the word outcome types start with:
+	// dev.steward.<OutcomeNoun>.<outcome>.v1. The default is Name; the
+	// provision worker's outcomes are grant.applied and grant.refused, as
+	// the catalog names them.
+	OutcomeNoun string
 }
 
 // Defaults of the runtime's options.

@@ -90,7 +90,7 @@ func (d *Delivery) SaveStage(ctx context.Context, v any) error {
 func (d *Delivery) State() *State { return d.w.state }
 
 // Emit publishes an outcome of this event: a CloudEvent of type
-// dev.steward.<worker>.<outcome>.v1 on steward.outcomes.<worker>.<instance>.
+// dev.steward.<Spec.OutcomeNoun>.<outcome>.v1 on steward.outcomes.<worker>.<instance>.
 // Its id is derived from the worker, the event's sequence and the outcome,
 // so a redelivery that emits it again is stored once. Never put a secret in
 // data.
@@ -100,7 +100,7 @@ func (d *Delivery) Emit(ctx context.Context, outcome string, data any) error {
 	}
 	e := event.New()
 	e.SetID(d.w.consumerName() + "-" + strconv.FormatUint(d.Sequence, 10) + "-" + outcome)
-	e.SetType("dev.steward." + d.w.spec.Name + "." + outcome + ".v1")
+	e.SetType("dev.steward." + d.w.spec.OutcomeNoun + "." + outcome + ".v1")
 	e.SetSource("/steward/" + d.w.spec.Name + "/" + d.w.spec.Instance)
 	e.SetSubject(d.Key)
 	e.SetTime(d.w.now())

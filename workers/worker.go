@@ -102,6 +102,9 @@ func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts
 	if o.maxAckPending <= 0 {
 		o.maxAckPending = 16 * o.concurrency
 	}
+	if spec.OutcomeNoun == "" {
+		spec.OutcomeNoun = spec.Name
+	}
 	if spec.OrderKey == nil {
 		spec.OrderKey = func(e event.Event) string { return e.Subject() }
 	}
@@ -159,6 +162,9 @@ func checkSpec(spec Spec, o options) error {
 	}
 	if err := events.CheckKey(spec.Instance); err != nil {
 		return fmt.Errorf("%w: worker %s instance: %v", ErrInvalidSpec, spec.Name, err)
+	}
+	if spec.OutcomeNoun != "" && events.CheckKey(spec.OutcomeNoun) != nil {
+		return fmt.Errorf("%w: worker %s outcome noun %q is not a key", ErrInvalidSpec, spec.Name, spec.OutcomeNoun)
 	}
 	if len(spec.Subjects) == 0 {
 		return fmt.Errorf("%w: worker %s has no subjects to consume", ErrInvalidSpec, spec.Name)

@@ -201,7 +201,7 @@ func TestDev(t *testing.T) {
 	workertest.WaitIdle(t, js, run.ConsumerName())
 	outs := workertest.Outcomes(t, js, Name, DevMachine)
 	var applied Applied
-	if len(outs) != 1 || outs[0].Type() != "dev.steward.provision.applied.v1" || outs[0].DataAs(&applied) != nil {
+	if len(outs) != 1 || outs[0].Type() != "dev.steward.grant.applied.v1" || outs[0].DataAs(&applied) != nil {
 		t.Fatalf("outcomes %v, want one applied", types(outs))
 	}
 	assertNames(t, "created roles", applied.Created.Roles, []string{"mesh_app"})

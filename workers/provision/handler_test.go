@@ -32,7 +32,7 @@ func TestHandlerEndToEnd(t *testing.T) {
 	workertest.PublishData(t, js, events.TypeGrantChanged, testMachine, e.grant(1, giv{"a", e.db("a"), "p-first"}))
 	workertest.WaitIdle(t, js, run.ConsumerName())
 	outs := workertest.Outcomes(t, js, Name, testMachine)
-	if len(outs) != 1 || outs[0].Type() != "dev.steward.provision.applied.v1" {
+	if len(outs) != 1 || outs[0].Type() != "dev.steward.grant.applied.v1" {
 		t.Fatalf("outcomes %v, want one applied", types(outs))
 	}
 	var applied Applied
@@ -81,12 +81,12 @@ func TestHandlerEndToEnd(t *testing.T) {
 	}
 	for i, rule := range wantRules {
 		var r Refused
-		if outs[i].Type() != "dev.steward.provision.refused.v1" || outs[i].DataAs(&r) != nil || r.Rule != rule || r.Consumer != "b" || r.Generation != 2 {
+		if outs[i].Type() != "dev.steward.grant.refused.v1" || outs[i].DataAs(&r) != nil || r.Rule != rule || r.Consumer != "b" || r.Generation != 2 {
 			t.Errorf("outcome %d: %s %s, want refused by %s for consumer b", i, outs[i].Type(), outs[i].Data(), rule)
 		}
 	}
 	var skipped Skipped
-	if last := outs[len(outs)-1]; last.Type() != "dev.steward.provision.skipped.v1" || last.DataAs(&skipped) != nil || skipped.Applied != 1 || skipped.Generation != 1 {
+	if last := outs[len(outs)-1]; last.Type() != "dev.steward.grant.skipped.v1" || last.DataAs(&skipped) != nil || skipped.Applied != 1 || skipped.Generation != 1 {
 		t.Errorf("last outcome %s %s, want skipped generation 1 below applied 1", last.Type(), last.Data())
 	}
 	dls := workertest.DeadLetters(t, js, Name, testMachine)
@@ -137,7 +137,7 @@ func TestHandlerEndToEnd(t *testing.T) {
 	workertest.PublishData(t, js, events.TypeGrantChanged, testMachine, e.grant(3, giv{"a", e.db("a"), "p-third"}, giv{"b", e.db("b"), "p-b"}))
 	workertest.WaitIdle(t, js, run.ConsumerName())
 	all := workertest.Outcomes(t, js, Name, testMachine)
-	if err := all[len(all)-1].DataAs(&applied); err != nil || all[len(all)-1].Type() != "dev.steward.provision.applied.v1" {
+	if err := all[len(all)-1].DataAs(&applied); err != nil || all[len(all)-1].Type() != "dev.steward.grant.applied.v1" {
 		t.Fatalf("last outcome %s: %v", all[len(all)-1].Type(), err)
 	}
 	assertNames(t, "altered roles", applied.Altered.Roles, []string{e.role("a")})

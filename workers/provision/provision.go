@@ -36,7 +36,11 @@ const Name = "provision"
 // DefaultRolePrefix marks the roles Steward owns.
 const DefaultRolePrefix = "mesh_"
 
-// Outcome names, emitted as dev.steward.provision.<outcome>.v1.
+// OutcomeNoun starts the provision worker's outcome types: they are
+// dev.steward.grant.<outcome>.v1, published on steward.outcomes.provision.<machine>.
+const OutcomeNoun = "grant"
+
+// Outcome names, emitted as dev.steward.grant.<outcome>.v1.
 const (
 	OutcomeApplied = "applied"
 	OutcomeRefused = "refused"
@@ -152,6 +156,8 @@ func (w *Worker) Spec() workers.Spec {
 		Instance: w.machine,
 		Subjects: []string{k.FilterSubject(w.machine)},
 		Types:    []string{events.TypeGrantChanged},
+		// The catalog names these outcomes grant.applied and grant.refused.
+		OutcomeNoun: OutcomeNoun,
 	}
 }
 
@@ -169,7 +175,7 @@ type Names struct {
 
 func newNames() Names { return Names{Roles: []string{}, Databases: []string{}} }
 
-// Applied is the data of a provision.applied outcome: what the reconcile
+// Applied is the data of a grant.applied outcome: what the reconcile
 // of one generation did.
 type Applied struct {
 	Machine    string `json:"machine"`
@@ -185,7 +191,7 @@ type Applied struct {
 	Unchanged Names `json:"unchanged"`
 }
 
-// Refused is the data of a provision.refused outcome. Nothing was changed.
+// Refused is the data of a grant.refused outcome. Nothing was changed.
 type Refused struct {
 	Machine    string `json:"machine"`
 	Generation uint64 `json:"generation"`
@@ -198,7 +204,7 @@ type Refused struct {
 	Reason string `json:"reason"`
 }
 
-// Skipped is the data of a provision.skipped outcome: the generation is
+// Skipped is the data of a grant.skipped outcome: the generation is
 // not above the one already applied to this server.
 type Skipped struct {
 	Machine    string `json:"machine"`
