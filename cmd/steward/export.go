@@ -34,17 +34,11 @@ stderr and left out.`,
   steward export --subject 'steward.events.credential.rotated.>' --from-seq 100 --limit 50 --out rotations.jsonl`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			r := streamread.Range{Stream: stream, Subjects: subjects, StartSeq: fromSeq, Limit: limit}
-			if since != "" {
-				if fromSeq != 0 {
-					return fmt.Errorf("--from-seq and --since both given: keep one")
-				}
-				t, err := parseSince(since, time.Now())
-				if err != nil {
-					return err
-				}
-				r.StartTime = t
+			startTime, err := startPoint(fromSeq, since, time.Now())
+			if err != nil {
+				return err
 			}
+			r := streamread.Range{Stream: stream, Subjects: subjects, StartSeq: fromSeq, StartTime: startTime, Limit: limit}
 			if limit < 0 {
 				return fmt.Errorf("--limit %d: want 0 (no limit) or more", limit)
 			}
@@ -95,6 +89,18 @@ stderr and left out.`,
 	fs.IntVar(&limit, "limit", 0, "stop after this many messages (0: no limit)")
 	fs.StringVar(&out, "out", "", "write to this file (atomically, mode 0600) instead of stdout")
 	return cmd
+}
+
+// startPoint checks that at most one of --from-seq and --since is given and
+// returns the time --since names (zero when it is not given).
+func startPoint(fromSeq uint64, since string, now time.Time) (time.Time, error) {
+	if since == "" {
+		return time.Time{}, nil
+	}
+	if fromSeq != 0 {
+		return time.Time{}, fmt.Errorf("--from-seq %d and --since %q both given: keep one", fromSeq, since)
+	}
+	return parseSince(since, now)
 }
 
 // parseSince reads a point in time: RFC 3339, or a duration back from now.

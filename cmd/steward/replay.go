@@ -42,17 +42,11 @@ event failed (outside --dry-run).`,
 		}
 		build := k.bind(sub.Flags())
 		sub.RunE = func(cmd *cobra.Command, _ []string) error {
-			from := workers.ReplayFrom{Sequence: fromSeq}
-			if since != "" {
-				if fromSeq != 0 {
-					return fmt.Errorf("--from-seq and --since both given: keep one")
-				}
-				t, err := parseSince(since, time.Now())
-				if err != nil {
-					return err
-				}
-				from.Time = t
+			startTime, err := startPoint(fromSeq, since, time.Now())
+			if err != nil {
+				return err
 			}
+			from := workers.ReplayFrom{Sequence: fromSeq, Time: startTime}
 			h, err := build()
 			if err != nil {
 				return fmt.Errorf("%s worker: %w", k.name, err)

@@ -282,23 +282,23 @@ func (w *Worker) writeFiles(st armStage, floor events.HostFloor) error {
 	if err != nil {
 		return err
 	}
-	if err := atomicfile.Write(enrollmentPath(w.cfg.OptDir), append(enr, '\n'), 0o600); err != nil {
+	if err := atomicfile.Write(EnrollmentPath(w.cfg.OptDir), append(enr, '\n'), 0o600); err != nil {
 		return err
 	}
 	pol, err := json.MarshalIndent(Policy{Schema: 1, Deployment: w.cfg.Deployment, Mode: "armed", Floor: floor}, "", "  ")
 	if err != nil {
 		return err
 	}
-	return atomicfile.Write(policyPath(w.cfg.OptDir), append(pol, '\n'), 0o600)
+	return atomicfile.Write(PolicyPath(w.cfg.OptDir), append(pol, '\n'), 0o600)
 }
 
 // arm runs the arm command and, once the marker names this box and
 // enrollment, reports join.armed. Every failure is retried.
 func (w *Worker) arm(ctx context.Context, d *workers.Delivery, st armStage) error {
 	cmd := exec.CommandContext(ctx, w.armPath,
-		"-policy", policyPath(w.cfg.OptDir),
+		"-policy", PolicyPath(w.cfg.OptDir),
 		"-identity", w.cfg.IdentityRecord,
-		"-enrollment", enrollmentPath(w.cfg.OptDir))
+		"-enrollment", EnrollmentPath(w.cfg.OptDir))
 	out := &tail{max: 1024}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.WaitDelay = 5 * time.Second

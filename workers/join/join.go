@@ -209,16 +209,13 @@ func (w *Worker) Handle(ctx context.Context, d *workers.Delivery) error {
 // Close releases nothing: the worker holds no connections of its own.
 func (w *Worker) Close() error { return nil }
 
-// Paths of the guard's files under the opt dir.
-func joinDir(opt string) string        { return filepath.Join(opt, "system", "join") }
-func policyPath(opt string) string     { return filepath.Join(joinDir(opt), "policy.json") }
-func enrollmentPath(opt string) string { return filepath.Join(joinDir(opt), "enrollment.json") }
+func joinDir(opt string) string { return filepath.Join(opt, "system", "join") }
 
 // PolicyPath is where the worker writes the guard's policy for an opt dir.
-func PolicyPath(optDir string) string { return policyPath(optDir) }
+func PolicyPath(optDir string) string { return filepath.Join(joinDir(optDir), "policy.json") }
 
 // EnrollmentPath is where the worker writes the enrollment for an opt dir.
-func EnrollmentPath(optDir string) string { return enrollmentPath(optDir) }
+func EnrollmentPath(optDir string) string { return filepath.Join(joinDir(optDir), "enrollment.json") }
 
 // Policy is <opt>/system/join/policy.json.
 type Policy struct {

@@ -82,7 +82,7 @@ func Status(ctx context.Context, cfg Config) Report {
 		return unknown("--identity-record is not set, so the enrollment cannot be matched to this box")
 	}
 
-	enrPath := enrollmentPath(cfg.OptDir)
+	enrPath := EnrollmentPath(cfg.OptDir)
 	enr, exists, err := readEnrollmentFile(enrPath)
 	if err != nil {
 		return unknown(err.Error())
@@ -126,7 +126,7 @@ func Status(ctx context.Context, cfg Config) Report {
 		return r
 	}
 
-	polPath := policyPath(cfg.OptDir)
+	polPath := PolicyPath(cfg.OptDir)
 	pol, exists, err := readPolicy(polPath)
 	if err != nil {
 		return unknown(err.Error() + "; the box is at least invited")

@@ -185,10 +185,17 @@ func (r *Running) Stop() error {
 // DefaultTimeout with what it waited for.
 func WaitUntil(t testing.TB, what string, cond func() bool) {
 	t.Helper()
+	waitUntil(t, func() string { return what }, cond)
+}
+
+// waitUntil is WaitUntil with a description read when it times out, so it
+// can say the last state seen.
+func waitUntil(t testing.TB, what func() string, cond func() bool) {
+	t.Helper()
 	deadline := time.Now().Add(DefaultTimeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting until %s", DefaultTimeout, what)
+			t.Fatalf("timed out after %v waiting until %s", DefaultTimeout, what())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -200,23 +207,14 @@ func WaitUntil(t testing.TB, what string, cond func() bool) {
 // are covered even when the consumer has not counted them as pending yet.
 func WaitIdle(t testing.TB, js jetstream.JetStream, consumer string) {
 	t.Helper()
-	deadline := time.Now().Add(DefaultTimeout)
 	var state string
-	for {
+	waitUntil(t, func() string { return "consumer " + consumer + " is idle (" + state + ")" }, func() bool {
 		idle, s, err := isIdle(js, consumer)
-		if err != nil {
+		if state = s; err != nil {
 			state = err.Error()
-		} else {
-			state = s
 		}
-		if idle {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting until consumer %s is idle (%s)", DefaultTimeout, consumer, state)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return idle
+	})
 }
 
 func isIdle(js jetstream.JetStream, consumer string) (bool, string, error) {
