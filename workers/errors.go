@@ -8,9 +8,10 @@ type permanentError struct{ err error }
 func (p *permanentError) Error() string { return p.err.Error() }
 func (p *permanentError) Unwrap() error { return p.err }
 
-// Permanent marks err as a failure no retry can fix (bad input, a bad
-// signature, a refusal): the runtime sends the event to the DLQ with err as
-// the reason and terminates it, on the first delivery.
+// Permanent marks err as a failure no retry can fix and that is not a
+// policy decision (undecodable data, a handler bug it detects): the runtime
+// sends the event to the DLQ with err as the reason and terminates it, on
+// the first delivery. A policy refusal is Refused, not Permanent.
 func Permanent(err error) error {
 	if err == nil {
 		return nil
@@ -22,4 +23,30 @@ func Permanent(err error) error {
 func IsPermanent(err error) bool {
 	var p *permanentError
 	return errors.As(err, &p)
+}
+
+// refusedError marks a policy refusal the handler has already reported.
+type refusedError struct{ err error }
+
+func (r *refusedError) Error() string { return r.err.Error() }
+func (r *refusedError) Unwrap() error { return r.err }
+
+// Refused marks err as a policy refusal: the event was read and understood,
+// and the worker's rules say no (a downgrade, a bad signature, an invitation
+// for another box, a stale version). The handler emits its refused outcome
+// with the rule and the reason before it returns Refused; the runtime then
+// settles the event like an applied one (the checkpoint moves past it, the
+// ack is confirmed) and counts it as refused. A refusal is never a dead
+// letter: sending it back would only be refused again.
+func Refused(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &refusedError{err: err}
+}
+
+// IsRefused reports whether err, or an error it wraps, was marked Refused.
+func IsRefused(err error) bool {
+	var r *refusedError
+	return errors.As(err, &r)
 }

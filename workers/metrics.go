@@ -12,6 +12,7 @@ import (
 const (
 	resultApplied  = "applied"
 	resultSkipped  = "skipped"
+	resultRefused  = "refused"
 	resultRetried  = "retried"
 	resultDead     = "dead_lettered"
 	resultReleased = "released" // naked at shutdown, redelivered at once
@@ -46,7 +47,7 @@ func newMetrics(r prometheus.Registerer) *metrics {
 	return &metrics{
 		events: register(r, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "steward_events_total",
-			Help: "Deliveries handled, by result: applied, skipped (stale), retried, dead_lettered, released.",
+			Help: "Deliveries handled, by result: applied, refused, skipped (stale), retried, dead_lettered, released.",
 		}, append(labels, "result"))),
 		duration: register(r, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "steward_handler_duration_seconds",

@@ -582,15 +582,21 @@ func (w *Worker) apply(ctx context.Context, h *held, log zerolog.Logger) (string
 			Msg("an earlier event of this key has not settled in time; handling this one without it, and the earlier one is skipped if it comes back")
 	}
 	d := &Delivery{Event: h.event, Key: h.key, Sequence: h.seq, Attempt: h.delivered, Log: log, w: w, lane: h.lane, cp: cp, cpRev: rev}
-	if err := w.call(ctx, d); err != nil {
+	result := resultApplied
+	if err := w.call(ctx, d); IsRefused(err) {
+		// A refusal settles the event as an application does: its
+		// outcome is out, and a redelivery would be refused again.
+		result = resultRefused
+		log.Info().Str("reason", oneLine(err.Error())).Msg("event refused by the worker's rules")
+	} else if err != nil {
 		return "", 0, err
 	}
 	if err := w.markApplied(ctx, h, d.cp, d.cpRev); err != nil {
 		return "", 0, err
 	}
 	w.ack(ctx, h, log)
-	w.m.events.With(w.withResult(resultApplied)).Inc()
-	return resultApplied, 0, nil
+	w.m.events.With(w.withResult(result)).Inc()
+	return result, 0, nil
 }
 
 // maxOrderScan bounds how many earlier events on the subject are read to
