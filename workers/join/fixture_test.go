@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto"
 	"encoding/json"
+	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -189,29 +191,86 @@ func (f *fixture) start(js jetstream.JetStream, opts ...workers.Option) (*join.W
 	return w, workertest.Start(f.t, js, w.Spec(), w, append(fastRetries(), opts...)...)
 }
 
+// handled records what the worker's handler returned, by event id: the
+// error a refusal or a retry carries is what the runtime logs, and a test
+// reads it here rather than from log lines.
+type handled struct {
+	invitations atomic.Int64
+	mu          sync.Mutex
+	errs        map[string][]error
+}
+
+// of returns the handler's results for one event, one per delivery (nil
+// for a delivery that applied).
+func (h *handled) of(id string) []error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]error(nil), h.errs[id]...)
+}
+
+// startRecording runs the worker behind a handler that counts the
+// deliveries of invitations and records every result.
+func (f *fixture) startRecording(js jetstream.JetStream, opts ...workers.Option) (*handled, *workertest.Running) {
+	f.t.Helper()
+	w := f.worker()
+	h := &handled{errs: map[string][]error{}}
+	recorded := workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		if d.Event.Type() == events.TypeInvitationWritten {
+			h.invitations.Add(1)
+		}
+		err := w.Handle(ctx, d)
+		h.mu.Lock()
+		h.errs[d.Event.ID()] = append(h.errs[d.Event.ID()], err)
+		h.mu.Unlock()
+		return err
+	})
+	return h, workertest.Start(f.t, js, w.Spec(), recorded, append(fastRetries(), opts...)...)
+}
+
 // startCounting runs the worker behind a handler that counts the
 // deliveries of invitations.
 func (f *fixture) startCounting(js jetstream.JetStream, opts ...workers.Option) (*atomic.Int64, *workertest.Running) {
 	f.t.Helper()
-	w := f.worker()
-	n := &atomic.Int64{}
-	counted := workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
-		if d.Event.Type() == events.TypeInvitationWritten {
-			n.Add(1)
+	h, r := f.startRecording(js, opts...)
+	return &h.invitations, r
+}
+
+func (f *fixture) publishInvitation(js jetstream.JetStream, data events.InvitationWritten) publisher.Ack {
+	f.t.Helper()
+	return workertest.PublishData(f.t, js, events.TypeInvitationWritten, data.Box, data)
+}
+
+func (f *fixture) publishFloor(js jetstream.JetStream, data events.HostFloorPublished) publisher.Ack {
+	f.t.Helper()
+	return workertest.PublishData(f.t, js, events.TypeHostFloorPublished, data.Deployment, data)
+}
+
+// assertRefused checks that the handler refused the event once, as a
+// policy refusal (settled, never retried), with an error that names the
+// rule, the event and the box and says what follows.
+func assertRefused(t *testing.T, h *handled, ack publisher.Ack, box string, wants ...string) {
+	t.Helper()
+	errs := h.of(ack.ID)
+	if len(errs) != 1 {
+		t.Fatalf("event %s was handled %d times (%v), want once: a refusal is never retried", ack.ID, len(errs), errs)
+	}
+	err := errs[0]
+	if !workers.IsRefused(err) || workers.IsPermanent(err) || !errors.Is(err, join.ErrRefused) {
+		t.Fatalf("event %s: the handler returned %v, want a workers.Refused wrapping join.ErrRefused", ack.ID, err)
+	}
+	for _, want := range append([]string{ack.ID, box}, wants...) {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("refusal %q does not say %q", err, want)
 		}
-		return w.Handle(ctx, d)
-	})
-	return n, workertest.Start(f.t, js, w.Spec(), counted, append(fastRetries(), opts...)...)
+	}
 }
 
-func (f *fixture) publishInvitation(js jetstream.JetStream, data events.InvitationWritten) {
-	f.t.Helper()
-	workertest.PublishData(f.t, js, events.TypeInvitationWritten, data.Box, data)
-}
-
-func (f *fixture) publishFloor(js jetstream.JetStream, data events.HostFloorPublished) {
-	f.t.Helper()
-	workertest.PublishData(f.t, js, events.TypeHostFloorPublished, data.Deployment, data)
+// assertNoDeadLetters checks that nothing of the instance is in the DLQ.
+func assertNoDeadLetters(t *testing.T, js jetstream.JetStream, instance string) {
+	t.Helper()
+	if dls := workertest.DeadLetters(t, js, join.Name, instance); len(dls) != 0 {
+		t.Fatalf("%d dead letters of %s, the first: %q", len(dls), instance, dls[0].Reason)
+	}
 }
 
 // armRuns counts the arm command's runs.

@@ -115,6 +115,6 @@ func (w *Worker) refuseFloor(ctx context.Context, d *workers.Delivery, deploymen
 	if err := d.Emit(ctx, OutcomeFloorRefused, map[string]string{"deployment": deployment, "rule": rule, "reason": reason}); err != nil {
 		return err
 	}
-	return workers.Permanent(fmt.Errorf("%w: the host floor for deployment %s (event %s) is refused [%s]: %s; the floor kept before stays",
+	return workers.Refused(fmt.Errorf("%w: the host floor for deployment %s (event %s) is refused [%s]: %s; the floor kept before stays",
 		ErrRefused, deployment, d.Event.ID(), rule, reason))
 }

@@ -8,18 +8,20 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/signing"
+	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers/join"
 	"github.com/steward-dev/steward/workers/workertest"
 )
 
 // TestHostFloors keeps the newest verified floor: bad floors are refused
-// with their own reasons and the kept floor stays; an older floor does not
-// replace a newer one; another deployment's floor is acknowledged quietly.
+// with their own reasons (settled refusals, never dead letters) and the
+// kept floor stays; an older floor does not replace a newer one; another
+// deployment's floor is acknowledged quietly.
 func TestHostFloors(t *testing.T) {
 	srv := workertest.StartServer(t)
 	js := srv.JetStream(t)
 	f := newFixture(t, "box-f")
-	_, r := f.start(js)
+	h, r := f.startRecording(js)
 
 	f.publishFloor(js, f.floor("1.2.0"))
 	waitOutcomes(t, js, "box-f", join.OutcomeFloorAccepted, 1)
@@ -53,11 +55,12 @@ func TestHostFloors(t *testing.T) {
 		{signed(releaseKey, with(func(fl *events.HostFloor) { fl.MinAgentVersion = "v9" })), "minAgentVersion", "is not a semantic version"},
 		{signed(releaseKey, with(func(fl *events.HostFloor) { fl.Binaries = []string{"../../bin/sh"} })), "binaries", `binaries[0] "../../bin/sh" is not a SHA-256`},
 	}
+	acks := make([]publisher.Ack, len(bad))
 	for i := range bad {
 		// A floor signed for prod is still published on dep's key, as an
 		// attacker replaying it would.
 		bad[i].data.Deployment = "dep"
-		f.publishFloor(js, bad[i].data)
+		acks[i] = f.publishFloor(js, bad[i].data)
 	}
 	// A hostfloor envelope for an invitation's payload type never gets
 	// past OpenEnvelope.
@@ -66,29 +69,19 @@ func TestHostFloors(t *testing.T) {
 		t.Fatal(err)
 	}
 	env.PayloadType = events.PayloadTypeHostFloor
-	f.publishFloor(js, events.HostFloorPublished{Deployment: "dep", Envelope: env})
+	retyped := f.publishFloor(js, events.HostFloorPublished{Deployment: "dep", Envelope: env})
 
-	waitDeadLetters(t, js, "box-f", len(bad)+1)
+	refused := waitOutcomes(t, js, "box-f", join.OutcomeFloorRefused, len(bad)+1)
 	workertest.WaitIdle(t, js, r.ConsumerName())
-	dls := workertest.DeadLetters(t, js, join.Name, "box-f")
-	if len(dls) != len(bad)+1 {
-		t.Fatalf("%d dead letters, want %d", len(dls), len(bad)+1)
-	}
-	refused := outcomes(t, js, "box-f", join.OutcomeFloorRefused)
-	if len(refused) != len(bad)+1 {
-		t.Fatalf("%d floor-refused outcomes, want %d", len(refused), len(bad)+1)
-	}
+	// Refusals are settled with their outcomes, never dead letters.
+	assertNoDeadLetters(t, js, "box-f")
 	for i, b := range bad {
-		if !strings.Contains(dls[i].Reason, "["+b.rule+"]") || !strings.Contains(dls[i].Reason, b.want) || !strings.Contains(dls[i].Reason, "the floor kept before stays") {
-			t.Errorf("floor %d: reason %q, want [%s] and %q", i, dls[i].Reason, b.rule, b.want)
-		}
-		if refused[i]["rule"] != b.rule || refused[i]["deployment"] != "dep" {
-			t.Errorf("floor %d: outcome %v", i, refused[i])
+		assertRefused(t, h, acks[i], "deployment dep", "["+b.rule+"]", b.want, "the floor kept before stays")
+		if refused[i]["rule"] != b.rule || refused[i]["deployment"] != "dep" || !strings.Contains(refused[i]["reason"], b.want) {
+			t.Errorf("floor %d: outcome %v, want rule %s saying %q", i, refused[i], b.rule, b.want)
 		}
 	}
-	if !strings.Contains(dls[len(bad)].Reason, "[signature]") {
-		t.Errorf("envelope signed as an invitation: %q", dls[len(bad)].Reason)
-	}
+	assertRefused(t, h, retyped, "deployment dep", "[signature]")
 	if kept := stateFloor(t, r); kept.Floor.MinAgentVersion != "1.2.0" {
 		t.Fatalf("after refused floors the kept floor is %+v, want 1.2.0", kept)
 	}
@@ -107,9 +100,7 @@ func TestHostFloors(t *testing.T) {
 	if got := stateFloor(t, r); got.Floor.MinAgentVersion != "1.10.0" || got.Floor.Deployment != "dep" || got.EventID == "" {
 		t.Fatalf("kept floor %+v, want 1.10.0 (semver order, not string order)", got)
 	}
-	if dls := workertest.DeadLetters(t, js, join.Name, "box-f"); len(dls) != len(bad)+1 {
-		t.Fatalf("%d dead letters: another deployment's floor or an older floor went to the DLQ", len(dls))
-	}
+	assertNoDeadLetters(t, js, "box-f")
 	if got := len(workertest.Outcomes(t, js, join.Name, "box-f")); got != 2+len(bad)+1+1 {
 		t.Fatalf("%d outcomes; another deployment's floor should emit none", got)
 	}

@@ -105,10 +105,14 @@ func (w *Worker) handleInvitation(ctx context.Context, d *workers.Delivery) erro
 	if accRev != 0 && acc.Enrollment != inv.Enrollment && !newer {
 		d.Log.Info().Str("enrollment", inv.Enrollment).Str("accepted", acc.Enrollment).
 			Msg("invitation is older than the one accepted; ignored")
-		return d.Emit(ctx, OutcomeSuperseded, map[string]string{
+		if err := d.Emit(ctx, OutcomeSuperseded, map[string]string{
 			"box": w.cfg.Box, "enrollment": inv.Enrollment, "issuedAt": inv.IssuedAt,
 			"accepted": acc.Enrollment, "acceptedIssuedAt": acc.IssuedAt,
-		})
+		}); err != nil {
+			return err
+		}
+		return workers.Refused(fmt.Errorf("%w: the invitation for box %s (event %s), enrollment %s issued at %s, is superseded by the accepted one for enrollment %s issued at %s; the guard stays as that one armed it",
+			ErrRefused, w.cfg.Box, d.Event.ID(), inv.Enrollment, inv.IssuedAt, acc.Enrollment, acc.IssuedAt))
 	}
 
 	rec, sum, parseErr, err := readIdentity(w.cfg.IdentityRecord)
@@ -323,7 +327,7 @@ func (w *Worker) refuse(ctx context.Context, d *workers.Delivery, box, rule, rea
 	if err := d.Emit(ctx, OutcomeRefused, map[string]string{"box": box, "rule": rule, "reason": reason}); err != nil {
 		return err
 	}
-	return workers.Permanent(fmt.Errorf("%w: the invitation for box %s (event %s) is refused [%s]: %s; the guard was not armed",
+	return workers.Refused(fmt.Errorf("%w: the invitation for box %s (event %s) is refused [%s]: %s; the guard was not armed",
 		ErrRefused, box, d.Event.ID(), rule, reason))
 }
 

@@ -22,6 +22,7 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/signing"
+	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/join"
 	"github.com/steward-dev/steward/workers/workertest"
@@ -40,7 +41,8 @@ func (f *fixture) signRaw(payload string) events.InvitationWritten {
 
 // TestInvitationRefusals sends one bad invitation per rule, each checked in
 // the contract's order, and shows each is refused once with its own
-// message, and that nothing reaches the opt dir or the arm command.
+// message, as a settled refusal (its outcome, no dead letter), and that
+// nothing reaches the opt dir or the arm command.
 func TestInvitationRefusals(t *testing.T) {
 	cases := []struct {
 		name  string
@@ -160,27 +162,17 @@ func TestInvitationRefusals(t *testing.T) {
 			if c.setup != nil {
 				c.setup(f)
 			}
-			_, r := f.start(js)
+			h, r := f.startRecording(js)
 			f.publishFloor(js, f.floor("1.0.0"))
 			waitOutcomes(t, js, "box-x", join.OutcomeFloorAccepted, 1)
 
-			f.publishInvitation(js, c.data(f))
-			waitDeadLetters(t, js, "box-x", 1)
+			ack := f.publishInvitation(js, c.data(f))
+			waitOutcomes(t, js, "box-x", join.OutcomeRefused, 1)
 			workertest.WaitIdle(t, js, r.ConsumerName())
 
-			dls := workertest.DeadLetters(t, js, join.Name, "box-x")
-			if len(dls) != 1 {
-				t.Fatalf("%d dead letters, want 1: %+v", len(dls), dls)
-			}
-			reason := dls[0].Reason
-			for _, want := range []string{"[" + c.rule + "]", c.msg, "the guard was not armed", dls[0].Event.ID(), "box-x"} {
-				if !strings.Contains(reason, want) {
-					t.Errorf("reason %q does not say %q", reason, want)
-				}
-			}
-			if dls[0].Delivered != 1 {
-				t.Errorf("refused after %d deliveries; a refusal is never retried", dls[0].Delivered)
-			}
+			// A refusal is settled with its outcome, never a dead letter.
+			assertNoDeadLetters(t, js, "box-x")
+			assertRefused(t, h, ack, "box-x", "["+c.rule+"]", c.msg, "the guard was not armed")
 			refused := outcomes(t, js, "box-x", join.OutcomeRefused)
 			if len(refused) != 1 || refused[0]["rule"] != c.rule || refused[0]["box"] != "box-x" || !strings.Contains(refused[0]["reason"], c.msg) {
 				t.Errorf("refused outcomes %v, want one with rule %s", refused, c.rule)
@@ -203,7 +195,7 @@ func TestInvitationRefusals(t *testing.T) {
 
 // TestInvitationForAnotherBox shows the consumer filter keeps another box's
 // invitation away, and a worker whose consumer is misconfigured to see it
-// refuses it anyway.
+// refuses it anyway: a refusal outcome, no dead letter.
 func TestInvitationForAnotherBox(t *testing.T) {
 	srv := workertest.StartServer(t)
 	js := srv.JetStream(t)
@@ -227,12 +219,12 @@ func TestInvitationForAnotherBox(t *testing.T) {
 	wide.Instance = "misrouted"
 	wide.Subjects = []string{"steward.events.invitation.written.>"}
 	mis := workertest.Start(t, js, wide, w, fastRetries()...)
-	waitDeadLetters(t, js, "misrouted", 1)
+	refused := waitOutcomes(t, js, "misrouted", join.OutcomeRefused, 1)
 	workertest.WaitIdle(t, js, mis.ConsumerName())
-	dls := workertest.DeadLetters(t, js, join.Name, "misrouted")
-	if len(dls) != 1 || !strings.Contains(dls[0].Reason, `[addressed]: the event is addressed to box "box-b", not this box "box-a"`) {
-		t.Fatalf("dead letters %+v, want box-b's invitation refused as addressed elsewhere", dls)
+	if refused[0]["rule"] != "addressed" || !strings.Contains(refused[0]["reason"], `the event is addressed to box "box-b", not this box "box-a"`) {
+		t.Fatalf("refused outcome %v, want box-b's invitation refused as addressed elsewhere", refused[0])
 	}
+	assertNoDeadLetters(t, js, "misrouted")
 	a.assertOptEmpty()
 	if a.armRuns() != 0 {
 		t.Fatal("the arm command ran for another box's invitation")
@@ -246,8 +238,9 @@ func TestInvitationForAnotherBox(t *testing.T) {
 }
 
 // TestPathSafety sends enrollments and box names that try to leave the opt
-// dir, or to pass for options, and shows each is refused before any file is
-// touched; an enrollment at the length limit still arms.
+// dir, or to pass for options, and shows each is refused (a settled
+// refusal, not a dead letter) before any file is touched; an enrollment at
+// the length limit still arms.
 func TestPathSafety(t *testing.T) {
 	bad := []struct{ enrollment, msg string }{
 		{"../../../etc/passwd", "holds a path separator"},
@@ -268,26 +261,27 @@ func TestPathSafety(t *testing.T) {
 	srv := workertest.StartServer(t)
 	js := srv.JetStream(t)
 	f := newFixture(t, "box-p")
-	_, r := f.start(js)
+	h, r := f.startRecording(js)
 	f.publishFloor(js, f.floor("1.0.0"))
 	waitOutcomes(t, js, "box-p", join.OutcomeFloorAccepted, 1)
 
-	want := map[uint64][]string{} // stream sequence -> what its refusal says
+	want := map[string][]string{} // event id -> what its refusal says
 	for _, b := range bad {
 		inv := f.invitation()
 		inv.Enrollment = b.enrollment
-		ack := workertest.PublishData(t, js, events.TypeInvitationWritten, "box-p", f.sign(inv))
-		want[ack.Sequence] = []string{"[enrollment]: its enrollment", b.msg}
+		ack := f.publishInvitation(js, f.sign(inv))
+		want[ack.ID] = []string{"[enrollment]: its enrollment", b.msg}
 	}
 	escape := f.invitation()
 	escape.Box = "../../etc"
 	escaping := f.sign(escape)
 	escaping.Box = f.cfg.Box
-	ack := workertest.PublishData(t, js, events.TypeInvitationWritten, "box-p", escaping)
-	want[ack.Sequence] = []string{`[box]: its signed payload names box "../../etc"`}
+	ack := f.publishInvitation(js, escaping)
+	want[ack.ID] = []string{`[box]: its signed payload names box "../../etc"`}
 
 	// An event whose key tries to escape never reaches the handler: the
-	// runtime's validation refuses it. Sent raw, past the publisher.
+	// runtime's validation refuses it, and that one is a dead letter (it
+	// cannot be processed at all). Sent raw, past the publisher.
 	e := event.New()
 	e.SetID("raw-escape")
 	e.SetType(events.TypeInvitationWritten)
@@ -305,28 +299,18 @@ func TestPathSafety(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want[rawAck.Sequence] = []string{"invalid event: data of dev.steward.invitation.written.v1 is invalid: /box: '../box-p' does not match pattern"}
-	waitDeadLetters(t, js, "box-p", len(want))
+	waitOutcomes(t, js, "box-p", join.OutcomeRefused, len(want))
+	dls := waitDeadLetters(t, js, "box-p", 1)
 	workertest.WaitIdle(t, js, r.ConsumerName())
 
-	dls := workertest.DeadLetters(t, js, join.Name, "box-p")
-	if len(dls) != len(bad)+2 {
-		t.Fatalf("%d dead letters, want %d", len(dls), len(bad)+2)
+	if len(dls) != 1 || dls[0].Sequence != rawAck.Sequence || !strings.Contains(dls[0].Reason, "invalid event: data of dev.steward.invitation.written.v1 is invalid: /box: '../box-p' does not match pattern") {
+		t.Fatalf("dead letters %+v, want the raw event's only", dls)
 	}
-	for _, dl := range dls {
-		w, ok := want[dl.Sequence]
-		if !ok {
-			t.Errorf("dead letter at %d is unexpected: %q", dl.Sequence, dl.Reason)
-		}
-		for _, part := range w {
-			if !strings.Contains(dl.Reason, part) {
-				t.Errorf("dead letter at %d: reason %q, want it to say %q", dl.Sequence, dl.Reason, part)
-			}
-		}
-		delete(want, dl.Sequence)
+	for id, parts := range want {
+		assertRefused(t, h, publisher.Ack{ID: id}, "box-p", parts...)
 	}
-	if got := outcomes(t, js, "box-p", join.OutcomeRefused); len(got) != len(bad)+1 {
-		t.Errorf("%d refused outcomes, want %d (the raw event never reaches the handler)", len(got), len(bad)+1)
+	if got := h.of("raw-escape"); len(got) != 0 {
+		t.Errorf("the raw event reached the handler: %v", got)
 	}
 	f.assertOptEmpty()
 	if f.armRuns() != 0 {
@@ -433,12 +417,12 @@ func TestArmFailureIsRetriedWithFilesWritten(t *testing.T) {
 
 // TestReplayArmsOnce replays one invitation three times and through
 // Worker.Replay: the guard is armed once. A newer invitation re-arms; the
-// older one replayed afterwards is ignored.
+// older one replayed afterwards is superseded, a settled refusal.
 func TestReplayArmsOnce(t *testing.T) {
 	srv := workertest.StartServer(t)
 	js := srv.JetStream(t)
 	f := newFixture(t, "box-r")
-	_, r := f.start(js)
+	h, r := f.startRecording(js)
 	f.publishFloor(js, f.floor("1.0.0"))
 	older := f.sign(f.invitation())
 	for range 3 {
@@ -475,9 +459,10 @@ func TestReplayArmsOnce(t *testing.T) {
 	before, _ := os.Stat(enrPath)
 	beforeRaw := readFile(t, enrPath)
 
-	f.publishInvitation(js, older)
+	olderAgain := f.publishInvitation(js, older)
 	superseded := waitOutcomes(t, js, "box-r", join.OutcomeSuperseded, 1)
 	workertest.WaitIdle(t, js, r.ConsumerName())
+	assertRefused(t, h, olderAgain, "box-r", "is superseded by the accepted one for enrollment enr-2")
 	if superseded[0]["enrollment"] != "enr-1" || superseded[0]["accepted"] != "enr-2" {
 		t.Errorf("superseded outcome %v", superseded[0])
 	}

@@ -10,16 +10,22 @@
 //     deployment is kept in the worker's state ("floor"), the newest by
 //     minAgentVersion: the version is signed, a stream sequence is not, so
 //     a republished old floor never rolls the floor back. Outcomes
-//     floor-accepted, floor-kept (not newer) and floor-refused (DLQ).
-//     Another deployment's floor is acknowledged and logged.
+//     floor-accepted, floor-kept (not newer) and floor-refused (a policy
+//     refusal: settled with its outcome, never a dead letter). Another
+//     deployment's floor is acknowledged and logged.
 //   - dev.steward.invitation.written.v1 for this box: armed-already when the
 //     marker names this box and enrollment; otherwise verified, then
 //     <opt>/system/join/enrollment.json and policy.json are written durably
-//     and the arm command runs; the outcome is armed. Refusals are
-//     refused (DLQ) with the rule that failed. Invitations are ordered by
-//     their signed issuedAt (state "invitation"): one older than the newest
-//     accepted, for another enrollment, is superseded and changes nothing.
-//     A newer invitation for another enrollment re-arms the box.
+//     and the arm command runs; the outcome is armed. A refusal is the
+//     outcome refused with the rule that failed, and the event is settled
+//     (workers.Refused), never a dead letter: sending it again would be
+//     refused again. Invitations are ordered by their signed issuedAt
+//     (state "invitation"): one older than the newest accepted, for another
+//     enrollment, is superseded (a refusal too) and changes nothing. A
+//     newer invitation for another enrollment re-arms the box.
+//
+// Only an event of a type the worker does not handle is a dead letter
+// (workers.Permanent): it cannot be processed at all.
 package join
 
 import (
@@ -54,9 +60,11 @@ const (
 	OutcomeFloorRefused  = "floor-refused"
 )
 
-// ErrRefused marks every refusal: an event that verifies wrongly or names
-// something that is not this box's. It is always wrapped in
-// workers.Permanent, so the event goes to the DLQ with the reason.
+// ErrRefused marks every policy refusal: an event that verifies wrongly,
+// names something that is not this box's, or is superseded. The handler
+// emits the refusal's outcome first and returns the error wrapped in
+// workers.Refused, so the runtime acknowledges and settles the event; it is
+// never a dead letter, since no redelivery would be received differently.
 var ErrRefused = errors.New("join refused")
 
 // Config is the join worker's configuration (DESIGN §6, join settings).
@@ -203,7 +211,9 @@ func (w *Worker) Handle(ctx context.Context, d *workers.Delivery) error {
 	case events.TypeHostFloorPublished:
 		return w.handleFloor(ctx, d)
 	}
-	return workers.Permanent(fmt.Errorf("%w: event %s (%s) has type %q, which the join worker does not handle", ErrRefused, d.Event.ID(), d.Key, d.Event.Type()))
+	// Not a policy decision: the worker cannot process the event at all,
+	// so it is a dead letter for an operator to look at.
+	return workers.Permanent(fmt.Errorf("event %s (%s) has type %q, which the join worker does not handle; it was not applied", d.Event.ID(), d.Key, d.Event.Type()))
 }
 
 // Close releases nothing: the worker holds no connections of its own.
