@@ -2,7 +2,6 @@ package converge
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -211,8 +210,8 @@ func TestCloudRunUpdatesExistingJobAndMergesIAM(t *testing.T) {
 	})
 }
 
-// A failed execution is reported with its condition, goes to the DLQ, and
-// leaves the installed version as it was.
+// A failed execution is reported with its condition, is settled (no dead
+// letter, no retry), and leaves the installed version as it was.
 func TestCloudRunExecutionFails(t *testing.T) {
 	key := newKeyPair(t, signing.P256)
 	reg := t.TempDir()
@@ -231,14 +230,10 @@ func TestCloudRunExecutionFails(t *testing.T) {
 	if f != (Failed{Install: testInstall, Version: "1.1.0", Execution: execs[0], Condition: wantCond}) {
 		t.Fatalf("failed outcome %+v", f)
 	}
-	var dl []workertest.DeadLetter
-	workertest.WaitUntil(t, "the failed converge is in the DLQ", func() bool {
-		dl = workertest.DeadLetters(t, js, Name, testInstall)
-		return len(dl) == 1
-	})
-	if dl[0].Event == nil || dl[0].Event.ID() != id || !strings.Contains(dl[0].Reason, "failed in execution "+execs[0]) || !strings.Contains(dl[0].Reason, "1.0.0 stays installed") {
-		t.Fatalf("dead letter reason %q", dl[0].Reason)
+	if cause, _ := got[0].Extensions()["causationid"].(string); cause != id {
+		t.Fatalf("failed outcome caused by %q, want %s", cause, id)
 	}
+	noDeadLetters(t, js, r)
 	if v := recorded(t, r); v != "" {
 		t.Fatalf("a failed converge recorded installed version %q", v)
 	}

@@ -123,7 +123,8 @@ func publishReleaseID(t *testing.T, js jetstream.JetStream, id, version, digest 
 	return e.ID()
 }
 
-// recorded is the installed version the worker recorded, "" if none.
+// recorded is the installed version a converge recorded, "" if none (the
+// seed written from --installed-version is no record).
 func recorded(t *testing.T, r *workertest.Running) string {
 	t.Helper()
 	var doc Installed
@@ -131,10 +132,20 @@ func recorded(t *testing.T, r *workertest.Running) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rev == 0 {
+	if rev == 0 || doc.Seed {
 		return ""
 	}
 	return doc.Version
+}
+
+// noDeadLetters fails the test if the worker dead-lettered anything once
+// it is idle: refusals and failed executions are settled, never DLQ'd.
+func noDeadLetters(t *testing.T, js jetstream.JetStream, r *workertest.Running) {
+	t.Helper()
+	workertest.WaitIdle(t, js, r.ConsumerName())
+	if dls := workertest.DeadLetters(t, js, Name, testInstall); len(dls) != 0 {
+		t.Fatalf("%d dead letters, want none: the first says %q", len(dls), dls[0].Reason)
+	}
 }
 
 func waitOutcomes(t *testing.T, js jetstream.JetStream, n int) []event.Event {
@@ -170,4 +181,14 @@ func outcomeData[T any](t *testing.T, e event.Event, outcome string) T {
 		t.Fatalf("outcome %s: %v", e.Data(), err)
 	}
 	return v
+}
+
+// mustKey loads a key pair's public key as the worker does.
+func mustKey(t *testing.T, k keyPair) crypto.PublicKey {
+	t.Helper()
+	pub, err := signing.LoadPublicKey(k.pubPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pub
 }

@@ -19,7 +19,8 @@ import (
 )
 
 // Every release an install may not move to is refused with its own reason,
-// as an outcome and a dead letter, and nothing is recorded or run.
+// as an outcome; the event is settled, never a dead letter, and nothing is
+// recorded or run.
 func TestRefusals(t *testing.T) {
 	key := newKeyPair(t, signing.P256)
 	other := newKeyPair(t, signing.P256)
@@ -96,11 +97,7 @@ func TestRefusals(t *testing.T) {
 		ids[c.version] = publishRelease(t, js, c.version, c.digest)
 	}
 	got := waitOutcomes(t, js, len(cases))
-	var dls []workertest.DeadLetter
-	workertest.WaitUntil(t, "every refusal is in the DLQ", func() bool {
-		dls = workertest.DeadLetters(t, js, Name, testInstall)
-		return len(dls) == len(cases)
-	})
+	noDeadLetters(t, js, r)
 	reasons := map[string]string{}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -117,12 +114,8 @@ func TestRefusals(t *testing.T) {
 				t.Errorf("reason %q is the same as %s's", ref.Reason, prev)
 			}
 			reasons[ref.Reason] = c.name
-			dl := dls[i]
-			if dl.Event == nil || dl.Event.ID() != ids[c.version] {
-				t.Fatalf("dead letter %d is not the event for %s", i, c.version)
-			}
-			if !strings.Contains(dl.Reason, ref.Reason) || !strings.Contains(dl.Reason, ids[c.version]) {
-				t.Errorf("dead letter reason %q does not carry the refusal %q and the event id", dl.Reason, ref.Reason)
+			if cause, _ := got[i].Extensions()["causationid"].(string); cause != ids[c.version] {
+				t.Errorf("refusal %d is caused by %q, not the event for %s (%s)", i, cause, c.version, ids[c.version])
 			}
 		})
 	}
@@ -191,7 +184,7 @@ func TestRegistryRefusesPathTricks(t *testing.T) {
 			t.Errorf("https registry built URLs for %q", v)
 		}
 		for _, r := range []registry{dirReg, httpReg} {
-			_, _, err := r.fetch(context.Background(), v)
+			_, err := r.fetch(context.Background(), v)
 			var ref *refusal
 			if !errors.As(err, &ref) || ref.rule != ruleVersionFormat || !strings.Contains(ref.reason, "is not a semantic version") {
 				t.Errorf("%s fetch(%q): %v, want a %s refusal", r, v, err, ruleVersionFormat)
@@ -281,7 +274,7 @@ func TestCheckManifestRules(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, _, err = checkManifest(pub, "k", events.ReleasePublished{Version: "1.1.0"}, "1.0.0", []byte(c.raw), []byte(sig))
+			_, _, err = checkManifest(pub, "k", events.ReleasePublished{Version: "1.1.0"}, "1.0.0", Evidence{Manifest: []byte(c.raw), Signature: []byte(sig)})
 			var ref *refusal
 			if !errors.As(err, &ref) || ref.rule != c.rule || !strings.Contains(ref.reason, c.want) {
 				t.Fatalf("got %v, want a %s refusal saying %q", err, c.rule, c.want)
@@ -293,7 +286,7 @@ func TestCheckManifestRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	sum := sha256.Sum256([]byte(ok))
-	m, digest, err := checkManifest(pub, "k", events.ReleasePublished{Version: "1.1.0", ManifestDigest: "sha256:" + hex.EncodeToString(sum[:])}, "1.0.0", []byte(ok), []byte(sig))
+	m, digest, err := checkManifest(pub, "k", events.ReleasePublished{Version: "1.1.0", ManifestDigest: "sha256:" + hex.EncodeToString(sum[:])}, "1.0.0", Evidence{Manifest: []byte(ok), Signature: []byte(sig)})
 	if err != nil || m.OpsImage != image("1.1.0") || digest != "sha256:"+hex.EncodeToString(sum[:]) {
 		t.Fatalf("a good manifest: %+v %s %v", m, digest, err)
 	}

@@ -31,7 +31,7 @@ type registry interface {
 	// fetch returns the manifest and signature bytes of version. A
 	// release that is not there is a *refusal; a registry that cannot be
 	// reached is any other error, which a retry may fix.
-	fetch(ctx context.Context, version string) (manifest, sig []byte, err error)
+	fetch(ctx context.Context, version string) (Evidence, error)
 	String() string
 }
 
@@ -94,10 +94,10 @@ func (r dirRegistry) paths(version string) (manifest, sig string, err error) {
 	return filepath.Join(dir, ManifestFile), filepath.Join(dir, SignatureFile), nil
 }
 
-func (r dirRegistry) fetch(_ context.Context, version string) ([]byte, []byte, error) {
+func (r dirRegistry) fetch(_ context.Context, version string) (Evidence, error) {
 	mPath, sPath, err := r.paths(version)
 	if err != nil {
-		return nil, nil, refuse(ruleVersionFormat, "%v, so it names no release in the registry", err)
+		return Evidence{}, refuse(ruleVersionFormat, "%v, so it names no release in the registry", err)
 	}
 	read := func(path, what string) ([]byte, error) {
 		f, err := os.Open(path)
@@ -112,13 +112,13 @@ func (r dirRegistry) fetch(_ context.Context, version string) ([]byte, []byte, e
 	}
 	m, err := read(mPath, ManifestFile)
 	if err != nil {
-		return nil, nil, err
+		return Evidence{}, err
 	}
 	s, err := read(sPath, SignatureFile)
 	if err != nil {
-		return nil, nil, err
+		return Evidence{}, err
 	}
-	return m, s, nil
+	return Evidence{Manifest: m, Signature: s}, nil
 }
 
 func missingNote(what string) string {
@@ -158,20 +158,20 @@ func (r httpsRegistry) urls(version string) (manifest, sig string, err error) {
 	return dir.JoinPath(ManifestFile).String(), dir.JoinPath(SignatureFile).String(), nil
 }
 
-func (r httpsRegistry) fetch(ctx context.Context, version string) ([]byte, []byte, error) {
+func (r httpsRegistry) fetch(ctx context.Context, version string) (Evidence, error) {
 	mURL, sURL, err := r.urls(version)
 	if err != nil {
-		return nil, nil, refuse(ruleVersionFormat, "%v, so it names no release in the registry", err)
+		return Evidence{}, refuse(ruleVersionFormat, "%v, so it names no release in the registry", err)
 	}
 	m, err := r.get(ctx, version, mURL, ManifestFile)
 	if err != nil {
-		return nil, nil, err
+		return Evidence{}, err
 	}
 	s, err := r.get(ctx, version, sURL, SignatureFile)
 	if err != nil {
-		return nil, nil, err
+		return Evidence{}, err
 	}
-	return m, s, nil
+	return Evidence{Manifest: m, Signature: s}, nil
 }
 
 func (r httpsRegistry) get(ctx context.Context, version, u, what string) ([]byte, error) {

@@ -43,10 +43,17 @@ const (
 	ruleSameVersion      = "same-version"
 	ruleMinFrom          = "min-from-version"
 	ruleInstalledUnknown = "installed-version-unknown"
+	// ruleInstalledUnverified: the installed-version document is missing
+	// once the install has state, or names a version no signed evidence
+	// backs.
+	ruleInstalledUnverified = "installed-version-unverified"
+	// ruleCheckpoint: a checkpointed stage that no verified manifest
+	// backs (another image, version or starting point than it signs).
+	ruleCheckpoint = "checkpoint-unverified"
 )
 
 // refusal is a release the worker will not converge to, whatever a retry
-// does: it becomes a refused outcome and a dead letter.
+// does: it becomes a refused outcome, and the event is settled.
 type refusal struct {
 	rule   string
 	reason string
@@ -85,61 +92,126 @@ type release struct {
 
 var digestPattern = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
 
-// checkManifest verifies a release's manifest bytes and signature and
-// decides whether an install at installed may move to it. Every "no" is a
-// *refusal saying what was found and what follows.
-func checkManifest(key crypto.PublicKey, keyID string, ev events.ReleasePublished, installed string, raw, sig []byte) (Manifest, string, error) {
+// Evidence is the signed material a decision rests on: the manifest's exact
+// bytes and the signature that makes them a release. It is kept in every
+// checkpointed stage and in the installed-version document because stored
+// state is a cache, never proof: whoever can write the checkpoint bucket can
+// write any version or image there, but cannot sign a manifest, so whatever
+// is read back is verified again from these bytes before it is acted on.
+type Evidence struct {
+	// Manifest is manifest.json byte for byte, as it was signed.
+	Manifest []byte `json:"manifest"`
+	// Signature is manifest.json.sig as the registry held it (legacy
+	// base64 signature), if any.
+	Signature []byte `json:"signature,omitempty"`
+	// Bundle is manifest.json.sigstore.json as the registry held it (the
+	// Sigstore bundle cosign 3 writes), if any.
+	Bundle []byte `json:"bundle,omitempty"`
+}
+
+// verifyEvidence checks that ev is a signed release manifest for version:
+// the signature verifies against the release key, the document is a schema
+// 1 manifest for that very version with a pinned image. It returns the
+// manifest and the digest of its bytes. It decides nothing about the
+// install; checkRelease does. Every "no" is a *refusal.
+func verifyEvidence(key crypto.PublicKey, keyID, version string, ev Evidence) (Manifest, string, error) {
 	var m Manifest
-	if err := signing.VerifyBlob(key, raw, string(sig)); err != nil {
-		return m, "", refuse(ruleSignature, "the manifest of release %s does not verify against the release key %s (%s), so it is not trusted and nothing ran", ev.Version, keyID, signatureProblem(key, sig))
+	if err := verifySignature(key, keyID, version, ev); err != nil {
+		return m, "", err
 	}
+	raw := ev.Manifest
 	sum := sha256.Sum256(raw)
 	digest := "sha256:" + hex.EncodeToString(sum[:])
-	if ev.ManifestDigest != "" && ev.ManifestDigest != digest {
-		return m, "", refuse(ruleDigest, "the event names manifest digest %s but release %s's signed manifest in the registry is %s; the event and the registry disagree, so nothing ran", ev.ManifestDigest, ev.Version, digest)
-	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&m); err != nil {
-		return m, "", refuse(ruleManifest, "the signed manifest of release %s is not a schema %d manifest: %v", ev.Version, ManifestSchema, err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return m, "", refuse(ruleManifest, "the signed manifest of release %s has data after its JSON object", ev.Version)
+	if err := decodeManifest(raw, &m); err != nil {
+		return m, "", refuse(ruleManifest, "the signed manifest of release %s is not a schema %d manifest: %v, so it is not read and nothing ran", version, ManifestSchema, err)
 	}
 	if m.Schema != ManifestSchema {
-		return m, "", refuse(ruleManifest, "the signed manifest of release %s has schema %d; this worker reads schema %d only", ev.Version, m.Schema, ManifestSchema)
+		return m, "", refuse(ruleManifest, "the signed manifest of release %s has schema %d; this worker reads schema %d only, so nothing ran", version, m.Schema, ManifestSchema)
 	}
-	if m.Version != ev.Version {
-		return m, "", refuse(ruleVersionMismatch, "the event names release %s but the signed manifest at %s/%s is for version %q; a manifest is only good for its own version, so nothing ran", ev.Version, ev.Version, ManifestFile, m.Version)
+	if m.Version != version {
+		return m, "", refuse(ruleVersionMismatch, "the event names release %s but the signed manifest at %s/%s is for version %q; a manifest is only good for its own version, so nothing ran", version, version, ManifestFile, m.Version)
 	}
 	if err := checkPinned(m.OpsImage); err != nil {
-		return m, "", refuse(ruleUnpinned, "release %s's opsImage %q is not pinned by digest (%v); only <repo>@sha256:<64 hex> runs, so nothing ran", ev.Version, m.OpsImage, err)
+		return m, "", refuse(ruleUnpinned, "release %s's opsImage %q is not pinned by digest (%v); only <repo>@sha256:<64 hex> runs, so nothing ran", version, m.OpsImage, err)
 	}
 	if _, err := time.Parse(time.RFC3339, m.PublishedAt); err != nil {
-		return m, "", refuse(ruleManifest, "the signed manifest of release %s has publishedAt %q, not an RFC 3339 time", ev.Version, m.PublishedAt)
+		return m, "", refuse(ruleManifest, "the signed manifest of release %s has publishedAt %q, not an RFC 3339 time, so nothing ran", version, m.PublishedAt)
 	}
-	minFrom, err := events.ParseVersion(m.MinFromVersion)
+	if _, err := events.ParseVersion(m.MinFromVersion); err != nil {
+		return m, "", refuse(ruleManifest, "the signed manifest of release %s has minFromVersion %q: %v, so nothing ran", version, m.MinFromVersion, err)
+	}
+	if _, err := events.ParseVersion(m.Version); err != nil {
+		return m, "", refuse(ruleVersionFormat, "release %s: %v, so nothing ran", version, err)
+	}
+	return m, digest, nil
+}
+
+// verifySignature checks the evidence's signature over its manifest bytes.
+func verifySignature(key crypto.PublicKey, keyID, version string, ev Evidence) error {
+	if len(ev.Signature) == 0 {
+		return refuse(ruleNotFound, "release %s has no %s%s", version, SignatureFile, missingNote(SignatureFile))
+	}
+	if err := signing.VerifyBlob(key, ev.Manifest, string(ev.Signature)); err != nil {
+		return refuse(ruleSignature, "the manifest of release %s does not verify against the release key %s (%s), so it is not trusted and nothing ran", version, keyID, signatureProblem(key, ev.Signature))
+	}
+	return nil
+}
+
+// decodeManifest decodes a signed manifest, refusing unknown fields and
+// trailing data.
+func decodeManifest(raw []byte, m *Manifest) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(m); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("it has data after its JSON object")
+	}
+	return nil
+}
+
+// checkManifest verifies a release's evidence and decides whether an
+// install at installed may move to it: verifyEvidence, then checkRelease.
+func checkManifest(key crypto.PublicKey, keyID string, ev events.ReleasePublished, installed string, evd Evidence) (Manifest, string, error) {
+	m, digest, err := verifyEvidence(key, keyID, ev.Version, evd)
 	if err != nil {
-		return m, "", refuse(ruleManifest, "the signed manifest of release %s has minFromVersion %q: %v", ev.Version, m.MinFromVersion, err)
+		return m, "", err
+	}
+	if err := checkRelease(m, digest, ev, installed); err != nil {
+		return m, "", err
+	}
+	return m, digest, nil
+}
+
+// checkRelease decides whether an install at installed may move to the
+// verified manifest m (whose bytes have digest) that the event ev names.
+func checkRelease(m Manifest, digest string, ev events.ReleasePublished, installed string) error {
+	if ev.ManifestDigest != "" && ev.ManifestDigest != digest {
+		return refuse(ruleDigest, "the event names manifest digest %s but release %s's signed manifest in the registry is %s; the event and the registry disagree, so nothing ran", ev.ManifestDigest, ev.Version, digest)
 	}
 	target, err := events.ParseVersion(m.Version)
 	if err != nil {
-		return m, "", refuse(ruleVersionFormat, "release %s: %v", ev.Version, err)
+		return refuse(ruleVersionFormat, "release %s: %v, so nothing ran", ev.Version, err)
+	}
+	minFrom, err := events.ParseVersion(m.MinFromVersion)
+	if err != nil {
+		return refuse(ruleManifest, "the signed manifest of release %s has minFromVersion %q: %v, so nothing ran", ev.Version, m.MinFromVersion, err)
 	}
 	cur, err := events.ParseVersion(installed)
 	if err != nil {
-		return m, "", fmt.Errorf("the recorded installed version %q is not a semantic version: %w", installed, err)
+		return refuse(ruleInstalledUnverified, "the installed version %q is not a semantic version, so no release can be checked against it and nothing ran", installed)
 	}
 	switch c := target.Compare(cur); {
 	case c < 0:
-		return m, "", refuse(ruleDowngrade, "release %s is older than the installed %s; a downgrade is never applied, so %s stays installed", ev.Version, installed, installed)
+		return refuse(ruleDowngrade, "release %s is older than the installed %s; a downgrade is never applied, so %s stays installed", ev.Version, installed, installed)
 	case c == 0:
-		return m, "", refuse(ruleSameVersion, "release %s is the installed version (%s); there is nothing to converge", ev.Version, installed)
+		return refuse(ruleSameVersion, "release %s is the installed version (%s); there is nothing to converge", ev.Version, installed)
 	}
 	if minFrom.Compare(cur) > 0 {
-		return m, "", refuse(ruleMinFrom, "release %s needs at least %s installed but %s is; install the releases in between first, %s stays installed", ev.Version, m.MinFromVersion, installed, installed)
+		return refuse(ruleMinFrom, "release %s needs at least %s installed but %s is; install the releases in between first, %s stays installed", ev.Version, m.MinFromVersion, installed, installed)
 	}
-	return m, digest, nil
+	return nil
 }
 
 // signatureProblem says why a signature did not verify, as far as can be
@@ -216,15 +288,16 @@ func WriteRelease(dir string, key crypto.Signer, m Manifest) error {
 }
 
 // fetchRelease reads and verifies a release, as the worker does on its
-// first delivery of a release.published.
-func (w *Worker) fetchRelease(ctx context.Context, ev events.ReleasePublished, installed string) (release, error) {
-	raw, sig, err := w.cfg.registry.fetch(ctx, ev.Version)
+// first delivery of a release.published, and returns it with the evidence
+// the stage keeps.
+func (w *Worker) fetchRelease(ctx context.Context, ev events.ReleasePublished, installed string) (release, Evidence, error) {
+	evd, err := w.cfg.registry.fetch(ctx, ev.Version)
 	if err != nil {
-		return release{}, err
+		return release{}, Evidence{}, err
 	}
-	m, digest, err := checkManifest(w.cfg.key, w.cfg.keyID, ev, installed, raw, sig)
+	m, digest, err := checkManifest(w.cfg.key, w.cfg.keyID, ev, installed, evd)
 	if err != nil {
-		return release{}, err
+		return release{}, Evidence{}, err
 	}
-	return release{Install: w.cfg.Install, Version: m.Version, From: installed, Image: m.OpsImage, ManifestDigest: digest}, nil
+	return release{Install: w.cfg.Install, Version: m.Version, From: installed, Image: m.OpsImage, ManifestDigest: digest}, evd, nil
 }
