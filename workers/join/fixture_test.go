@@ -383,10 +383,27 @@ func readFile(t *testing.T, path string) []byte {
 	return raw
 }
 
-func stateFloor(t *testing.T, r *workertest.Running) join.KeptFloor {
+// keptFloorView is the kept floor document with its envelope's payload
+// read (not verified: the test only looks at what is kept).
+type keptFloorView struct {
+	join.KeptFloor
+	Floor events.HostFloor
+}
+
+func stateFloor(t *testing.T, r *workertest.Running) keptFloorView {
 	t.Helper()
-	var kept join.KeptFloor
-	if _, err := r.State().Get(context.Background(), "floor", &kept); err != nil {
+	var kept keptFloorView
+	if _, err := r.State().Get(context.Background(), "floor", &kept.KeptFloor); err != nil {
+		t.Fatal(err)
+	}
+	if kept.Envelope == nil {
+		t.Fatalf("the kept floor %+v holds no envelope", kept.KeptFloor)
+	}
+	payload, err := kept.Envelope.DecodeB64Payload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(payload, &kept.Floor); err != nil {
 		t.Fatal(err)
 	}
 	return kept

@@ -36,12 +36,52 @@ const invitationState = "invitation"
 // that says no.
 var ErrNoFloor = errors.New("no verified host floor is held yet")
 
-// acceptedInvitation is the newest invitation that passed every check.
+// acceptedInvitation is the state document of the newest invitation that
+// passed every check. Like the kept floor it holds the signed envelope as
+// received and nothing derived from it, and it is verified again with the
+// console key whenever it is read: a forged document claiming a late
+// issuedAt would otherwise make every real invitation look superseded.
 type acceptedInvitation struct {
-	Enrollment string `json:"enrollment"`
-	IssuedAt   string `json:"issuedAt"`
-	EventID    string `json:"eventId"`
-	Sequence   uint64 `json:"sequence"`
+	// Envelope is the invitation as the console signed it. A document
+	// without one (as Steward wrote before invitations were kept as
+	// evidence) orders nothing and is refused like a forged one.
+	Envelope *dsse.Envelope `json:"envelope,omitempty"`
+	// EventID and Sequence say which event it was, for people reading
+	// the bucket; no decision rests on them.
+	EventID  string `json:"eventId"`
+	Sequence uint64 `json:"sequence"`
+}
+
+// readAccepted reads the newest accepted invitation and verifies it again
+// as an invitation for this box. rev is 0 when there is none; untrusted says
+// what was found when a document is kept that does not verify; an error
+// means the state could not be read (retried).
+func (w *Worker) readAccepted(ctx context.Context, d *workers.Delivery) (inv events.Invitation, rev uint64, untrusted string, err error) {
+	var doc acceptedInvitation
+	rev, err = d.State().Get(ctx, invitationState, &doc)
+	if err != nil {
+		return inv, 0, "", fmt.Errorf("read the newest accepted invitation of %s (event %s): %w", w.cfg.Box, d.Event.ID(), err)
+	}
+	switch {
+	case rev == 0:
+	case doc.Envelope == nil:
+		untrusted = fmt.Sprintf("the newest accepted invitation of box %s (state %q, revision %d) holds no signed envelope: Steward wrote such documents before it kept invitations as evidence, and anyone who can write the checkpoint bucket can write one, so it orders nothing",
+			w.cfg.Box, invitationState, rev)
+	default:
+		var rule, reason string
+		if inv, rule, reason = w.verifyInvitation(*doc.Envelope); rule != "" {
+			untrusted = fmt.Sprintf("the newest accepted invitation of box %s (state %q, revision %d) is not a valid invitation for this box [%s]: %s; it was not written by this worker from an invitation it accepted",
+				w.cfg.Box, invitationState, rev, rule, reason)
+		}
+	}
+	return inv, rev, untrusted, nil
+}
+
+// recoverState is the command that removes an untrusted state document of
+// this worker instance, so the next verified event writes it anew. It names
+// the runtime's key layout (st.<worker>.<instance>.<name>).
+func (w *Worker) recoverState(name string) string {
+	return fmt.Sprintf("nats kv del %s st.%s.%s.%s", workers.CheckpointBucket, Name, w.cfg.Box, name)
 }
 
 // stepFilesWritten is the stage saved once policy.json and enrollment.json
@@ -96,10 +136,14 @@ func (w *Worker) handleInvitation(ctx context.Context, d *workers.Delivery) erro
 		return w.refuse(ctx, d, w.cfg.Box, rule, reason)
 	}
 
-	var acc acceptedInvitation
-	accRev, err := d.State().Get(ctx, invitationState, &acc)
+	acc, accRev, untrusted, err := w.readAccepted(ctx, d)
 	if err != nil {
-		return fmt.Errorf("read the newest accepted invitation of %s (event %s): %w", w.cfg.Box, d.Event.ID(), err)
+		return err
+	}
+	if untrusted != "" {
+		return w.refuse(ctx, d, w.cfg.Box, "kept-invitation", untrusted+fmt.Sprintf(
+			"; it is taken neither as the order of invitations nor as no order, so this invitation was not applied. Delete it (%s) and publish the box's newest invitation again",
+			w.recoverState(invitationState)))
 	}
 	newer := accRev == 0 || issuedAfter(inv.IssuedAt, acc.IssuedAt)
 	if accRev != 0 && acc.Enrollment != inv.Enrollment && !newer {
@@ -136,24 +180,29 @@ func (w *Worker) handleInvitation(ctx context.Context, d *workers.Delivery) erro
 		return w.refuse(ctx, d, w.cfg.Box, "instance", fmt.Sprintf("the identity record names instance %.70q but this instance is %q; the record belongs to another machine", rec.InstanceID, instance))
 	}
 
-	var kept KeptFloor
-	floorRev, err := d.State().Get(ctx, floorState, &kept)
+	kept, err := w.readKeptFloor(ctx, d)
 	if err != nil {
-		return fmt.Errorf("read the kept host floor of %s (event %s): %w", w.cfg.Box, d.Event.ID(), err)
+		return err
 	}
-	if floorRev == 0 || kept.Floor.Deployment != w.cfg.Deployment {
+	if kept.untrusted != "" {
+		return w.refuse(ctx, d, w.cfg.Box, "kept-floor", kept.untrusted+fmt.Sprintf(
+			"; it is taken neither as the floor of deployment %s nor as no floor. Republish the deployment's newest host floor (steward publish --type %s --data @<the release pipeline's signed floor>): a verified floor replaces it; then publish this invitation again",
+			w.cfg.Deployment, events.TypeHostFloorPublished))
+	}
+	if !kept.ours(w.cfg.Deployment) {
 		return fmt.Errorf("invitation for box %s (event %s): %w for deployment %s; retried until the release pipeline's floor arrives", w.cfg.Box, d.Event.ID(), ErrNoFloor, w.cfg.Deployment)
 	}
 
 	if newer {
-		next := acceptedInvitation{Enrollment: inv.Enrollment, IssuedAt: inv.IssuedAt, EventID: d.Event.ID(), Sequence: d.Sequence}
+		env := data.Envelope
+		next := acceptedInvitation{Envelope: &env, EventID: d.Event.ID(), Sequence: d.Sequence}
 		if _, err := d.State().Put(ctx, invitationState, next, accRev); err != nil {
 			return fmt.Errorf("record the accepted invitation of %s (event %s): %w", w.cfg.Box, d.Event.ID(), err)
 		}
 	}
 
 	st = armStage{Step: stepFilesWritten, Enrollment: inv.Enrollment, InstanceID: instance}
-	if err := w.writeFiles(st, kept.Floor); err != nil {
+	if err := w.writeFiles(st, kept.floor); err != nil {
 		return fmt.Errorf("box %s (event %s): %w", w.cfg.Box, d.Event.ID(), err)
 	}
 	if err := d.SaveStage(ctx, st); err != nil {
@@ -323,6 +372,9 @@ func (w *Worker) arm(ctx context.Context, d *workers.Delivery, st armStage) erro
 	return d.Emit(ctx, OutcomeArmed, map[string]string{"box": w.cfg.Box, "enrollment": st.Enrollment, "deployment": w.cfg.Deployment})
 }
 
+// refuse reports an invitation refused by the worker's rules: the outcome
+// first, then workers.Refused, so the event is settled (never a dead letter)
+// and nothing on the box changes.
 func (w *Worker) refuse(ctx context.Context, d *workers.Delivery, box, rule, reason string) error {
 	if err := d.Emit(ctx, OutcomeRefused, map[string]string{"box": box, "rule": rule, "reason": reason}); err != nil {
 		return err

@@ -24,6 +24,15 @@
 //     enrollment, is superseded (a refusal too) and changes nothing. A
 //     newer invitation for another enrollment re-arms the box.
 //
+// Stored state is a cache, never proof (DESIGN §2): the kept floor and the
+// newest accepted invitation are kept as the DSSE envelopes received, and
+// verified again with their keys every time they are read. A document that
+// does not verify (forged, or written by a Steward that kept no evidence)
+// is taken neither as a floor or an order nor as their absence: the
+// invitation that needed it is refused with what was found and the command
+// that recovers (republish the floor; delete the order document and
+// publish the invitation again), and a verified floor replaces it.
+//
 // Only an event of a type the worker does not handle is a dead letter
 // (workers.Permanent): it cannot be processed at all.
 package join
