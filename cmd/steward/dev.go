@@ -16,20 +16,33 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/spf13/cobra"
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/atomicfile"
+	"github.com/steward-dev/steward/internal/pgserver"
 	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/provision"
 )
 
 // tokenFile is where `steward dev` keeps its ingress token, under --dir.
 const tokenFile = "ingress-token"
 
+// devOptions are dev's own flags.
+type devOptions struct {
+	dir, natsListen, httpListen string
+	// databaseURL, when set, is the provision worker's server instead of
+	// dev's private cluster.
+	databaseURL string
+	// pgBin overrides where the private cluster's binaries are found.
+	pgBin string
+}
+
 func newDevCmd(g *globals) *cobra.Command {
-	var dir, natsListen, httpListen string
+	var o devOptions
 	rf := &runtimeFlags{}
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -39,6 +52,14 @@ JetStream (on --nats-listen, never 4222, its store under <dir>/nats), the
 streams, every worker with development keys and fixtures under --dir, and the
 HTTP ingress with metrics, /healthz and /readyz on --http-listen. The ingress
 token is made once and kept in <dir>/ingress-token (0600).
+
+The provision worker gets a private PostgreSQL cluster under <dir>/postgres,
+made with the machine's server binaries (--pg-bin, else pg_config --bindir,
+else the newest /usr/lib/postgresql/*/bin) on a port of its own on 127.0.0.1,
+run as the postgres user when dev runs as root, and stopped with dev. With
+--database-url it uses that server instead and starts none. The machine's
+shared server is never used unless --database-url names it. With neither
+binaries nor --database-url, the other three workers run without it.
 
 The NATS URL is printed on the first line; then what runs and how to publish.
 SIGINT or SIGTERM stops it gracefully. Everything it made stays in --dir and
@@ -52,25 +73,41 @@ is reused by the next run.`,
 					return err
 				}
 			}
-			return runDev(cmd.Context(), g, rf, cmd.OutOrStdout(), dir, natsListen, httpListen)
+			return runDev(cmd.Context(), g, rf, cmd.OutOrStdout(), o)
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&dir, "dir", ".steward", "folder for the NATS store, development keys and worker fixtures")
-	fs.StringVar(&natsListen, "nats-listen", "127.0.0.1:4223", "address of the embedded NATS server (not 4222, so a real NATS there is left alone)")
-	fs.StringVar(&httpListen, "http-listen", "127.0.0.1:8080", "address of the ingress, /metrics, /healthz and /readyz")
+	fs.StringVar(&o.dir, "dir", ".steward", "folder for the NATS store, the private PostgreSQL, development keys and worker fixtures")
+	fs.StringVar(&o.natsListen, "nats-listen", "127.0.0.1:4223", "address of the embedded NATS server (not 4222, so a real NATS there is left alone)")
+	fs.StringVar(&o.httpListen, "http-listen", "127.0.0.1:8080", "address of the ingress, /metrics, /healthz and /readyz")
+	fs.StringVar(&o.databaseURL, "database-url", "", "PostgreSQL connection string (a superuser) for the provision worker, instead of dev's private cluster (empty: the private cluster)")
+	fs.StringVar(&o.pgBin, "pg-bin", "", "folder of PostgreSQL's server binaries for the private cluster (empty: pg_config --bindir, else the newest /usr/lib/postgresql/*/bin)")
 	rf.add(fs)
 	return cmd
 }
 
-func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, dir, natsListen, httpListen string) error {
+func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, o devOptions) error {
+	dir := o.dir
 	if err := os.MkdirAll(filepath.Join(dir, "nats"), 0o700); err != nil {
 		return fmt.Errorf("--dir: %w", err)
 	}
-	srv, err := startDevNATS(filepath.Join(dir, "nats"), natsListen)
+	srv, err := startDevNATS(filepath.Join(dir, "nats"), o.natsListen)
 	if err != nil {
 		return err
 	}
+	// PostgreSQL comes up (initdb takes a second the first time) while
+	// the streams and the ingress do.
+	pgDone := make(chan *devPostgres, 1)
+	go func() { pgDone <- startDevPostgres(ctx, o) }()
+	var pg *devPostgres
+	defer func() {
+		if pg == nil {
+			pg = <-pgDone
+		}
+		// Deferred first, so it runs last: after the workers using it and
+		// NATS have stopped.
+		pg.stop(out)
+	}()
 	defer func() {
 		srv.Shutdown()
 		srv.WaitForShutdown()
@@ -114,7 +151,7 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, di
 	if err != nil {
 		return err
 	}
-	bound, stopHTTP, err := serveHTTP(ctx, g.log, httpListen, mux)
+	bound, stopHTTP, err := serveHTTP(ctx, g.log, o.httpListen, mux)
 	if err != nil {
 		return fmt.Errorf("--http-listen: %w", err)
 	}
@@ -122,18 +159,23 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, di
 	base := "http://" + bound
 	fmt.Fprintf(out, "ingress: POST %s%s  (bearer token %s, kept in %s)\n", base, publisher.IngressPath, token, filepath.Join(dir, tokenFile))
 	fmt.Fprintf(out, "metrics and health: %s/metrics  %s/healthz  %s/readyz\n", base, base, base)
+	pg = <-pgDone
+	for _, l := range pg.lines {
+		fmt.Fprintln(out, l)
+	}
 
 	runCtx, stopWorkers := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWorkers()
 	var wg sync.WaitGroup
 	for _, k := range kinds {
-		h, lines, err := k.dev(ctx, dir)
+		h, lines, err := devHandler(ctx, k, dir, pg)
 		var w *workers.Worker
 		if err == nil {
 			w, err = workers.New(ctx, js, h.Spec(), h, rf.options(g, reg)...)
 		}
 		if err != nil {
-			fmt.Fprintf(out, "%s is not running: %s\n", k.name, oneLine(err))
+			// provision's reasons say "provision is not running" themselves.
+			fmt.Fprintf(out, "%s is not running: %s\n", k.name, strings.TrimPrefix(oneLine(err), k.name+" is not running: "))
 			if h != nil {
 				h.Close()
 			}
@@ -160,13 +202,118 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, di
 	fmt.Fprintln(out, "steward dev is running; Ctrl-C stops it")
 
 	<-ctx.Done()
-	fmt.Fprintln(out, "stopping: workers finish what they hold, then the ingress and NATS stop")
+	fmt.Fprintln(out, "stopping: workers finish what they hold, then the ingress, NATS and PostgreSQL stop")
 	stopWorkers()
 	wg.Wait()
 	if err := nc.FlushTimeout(5 * time.Second); err != nil {
 		g.log.Warn().Err(err).Msg("NATS flush at shutdown")
 	}
 	return nil
+}
+
+// devPostgres is the provision worker's PostgreSQL in dev: a private
+// cluster dev runs, a server --database-url names, or none.
+type devPostgres struct {
+	// url is the server's connection string for provision; "" when there
+	// is none, and then why says so.
+	url string
+	why error
+	// lines say where PostgreSQL runs, for dev to print.
+	lines []string
+	// srv is the private cluster, stopped with dev; nil otherwise.
+	srv *pgserver.Server
+}
+
+// startDevPostgres finds provision's PostgreSQL: --database-url when given
+// (dev starts none), else a private cluster under <dir>/postgres from the
+// machine's server binaries. It never falls back to the libpq defaults,
+// which name the machine's shared server, whose roles and databases the
+// test suite and other programs own.
+func startDevPostgres(ctx context.Context, o devOptions) *devPostgres {
+	if o.databaseURL != "" {
+		return &devPostgres{url: o.databaseURL, lines: []string{
+			fmt.Sprintf("PostgreSQL: %s, from --database-url (dev starts none of its own)", describeDatabaseURL(o.databaseURL)),
+		}}
+	}
+	none := func(err error) *devPostgres {
+		return &devPostgres{why: err, lines: []string{"PostgreSQL: none; " + oneLine(err)}}
+	}
+	bin, err := pgserver.FindBin(o.pgBin)
+	if err != nil {
+		if o.pgBin != "" {
+			return none(fmt.Errorf("--pg-bin %w; point it at PostgreSQL's server bin folder, or give --database-url", err))
+		}
+		return none(fmt.Errorf("%w; install them (apt-get install postgresql), point --pg-bin at them, or give --database-url", err))
+	}
+	if os.Geteuid() == 0 {
+		// The cluster runs as the postgres user, which must pass through
+		// --dir (made 0700) to reach <dir>/postgres; o+x lets it through
+		// without letting it list or read anything else kept there.
+		if fi, err := os.Stat(o.dir); err == nil && fi.Mode().Perm()&0o001 == 0 {
+			if err := os.Chmod(o.dir, fi.Mode().Perm()|0o001); err != nil {
+				return none(fmt.Errorf("let the postgres user through --dir %s: %w; give a --dir it can enter, or --database-url", o.dir, err))
+			}
+		}
+	}
+	began := time.Now()
+	srv, err := pgserver.Start(ctx, pgserver.Options{Bin: bin, Dir: filepath.Join(o.dir, "postgres")})
+	if err != nil {
+		return none(fmt.Errorf("the private PostgreSQL did not start: %w; fix that, or give --database-url", err))
+	}
+	state := "reused"
+	if srv.Initialised {
+		state = "made now"
+	}
+	if srv.Recovered != "" {
+		state += "; " + srv.Recovered
+	}
+	lines := []string{
+		fmt.Sprintf("PostgreSQL: 127.0.0.1:%d, a private cluster in %s (%s, up in %s), run as the %s user from %s; stopped with dev",
+			srv.Port, srv.Dir, state, time.Since(began).Round(time.Millisecond), srv.User, srv.Bin),
+		fmt.Sprintf("  its superuser: psql \"host=127.0.0.1 port=%d user=%s dbname=postgres\"   (log %s)", srv.Port, pgserver.Superuser, srv.LogFile),
+	}
+	return &devPostgres{url: srv.URL("postgres"), srv: srv, lines: lines}
+}
+
+// stop stops the private cluster, if dev runs one.
+func (p *devPostgres) stop(out io.Writer) {
+	if p.srv == nil {
+		return
+	}
+	if err := p.srv.Stop(); err != nil {
+		fmt.Fprintf(out, "PostgreSQL did not stop: %s\n", oneLine(err))
+		return
+	}
+	fmt.Fprintf(out, "PostgreSQL stopped (cluster kept in %s)\n", p.srv.Dir)
+}
+
+// describeDatabaseURL names a server for printing, never its password.
+func describeDatabaseURL(u string) string {
+	cc, err := pgx.ParseConfig(u)
+	if err != nil {
+		return "a --database-url that does not parse"
+	}
+	return fmt.Sprintf("%s:%d as %s, database %s", cc.Host, cc.Port, cc.User, cc.Database)
+}
+
+// devHandler builds a worker's development instance; provision's runs
+// against the PostgreSQL dev found, or not at all.
+func devHandler(ctx context.Context, k kind, dir string, pg *devPostgres) (handler, []string, error) {
+	if k.name != provision.Name {
+		return k.dev(ctx, dir)
+	}
+	if pg.url == "" {
+		return nil, nil, fmt.Errorf("it needs PostgreSQL: %s; grant events wait in the stream until it runs", oneLine(pg.why))
+	}
+	cfg, lines, err := provision.DevAt(ctx, dir, pg.url)
+	if err != nil {
+		return nil, nil, err
+	}
+	w, err := provision.New(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return w, lines, nil
 }
 
 // startDevNATS starts the embedded server. It refuses 4222, the port of a

@@ -3,24 +3,32 @@ package main
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/pgserver"
 	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers/converge"
 	"github.com/steward-dev/steward/workers/credential"
 	"github.com/steward-dev/steward/workers/join"
+	"github.com/steward-dev/steward/workers/provision"
 	"github.com/steward-dev/steward/workers/workertest"
 )
 
@@ -34,7 +42,15 @@ type devRun struct {
 
 func startDev(t *testing.T, dir string) devRun {
 	t.Helper()
-	p := start(t, nil, "dev", "--dir", dir, "--nats-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0")
+	return startDevWith(t, nil, dir)
+}
+
+// startDevWith starts `steward dev` on dir with extra environment
+// variables and flags.
+func startDevWith(t *testing.T, env []string, dir string, flags ...string) devRun {
+	t.Helper()
+	args := append([]string{"dev", "--dir", dir, "--nats-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"}, flags...)
+	p := start(t, env, args...)
 	p.waitLine(t, "steward dev is running")
 	lines := p.snapshot()
 	d := devRun{p: p}
@@ -295,5 +311,337 @@ func TestDevRefuses4222(t *testing.T) {
 	r := run(t, nil, "dev", "--dir", t.TempDir(), "--nats-listen", "127.0.0.1:4222")
 	if r.code == 0 || !strings.Contains(r.stderr, "4222") {
 		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+// pgBinOrSkip is the machine's PostgreSQL server binaries, or skips.
+func pgBinOrSkip(t *testing.T) string {
+	t.Helper()
+	bin, err := pgserver.FindBin("")
+	if err != nil {
+		t.Skipf("no PostgreSQL server binaries: %v", err)
+	}
+	return bin
+}
+
+// reachableDir is a dev --dir the postgres user can reach when the tests
+// run as root: t.TempDir's parents are 0700.
+func reachableDir(t *testing.T) string {
+	t.Helper()
+	root, err := os.MkdirTemp("", "steward-dev-pg-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	if err := os.Chmod(root, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(root, "dev")
+}
+
+// stopLeftPostgres stops, when the test ends, a server left running in a
+// cluster folder (a dev the harness had to kill leaves one), so that no
+// test leaves a postgres behind.
+func stopLeftPostgres(t *testing.T, clusterDir string) {
+	t.Cleanup(func() {
+		raw, err := os.ReadFile(filepath.Join(clusterDir, "data", "postmaster.pid"))
+		if err != nil {
+			return
+		}
+		pid, _ := strconv.Atoi(strings.SplitN(string(raw), "\n", 2)[0])
+		if pid <= 0 || syscall.Kill(pid, syscall.SIGINT) != nil {
+			return
+		}
+		workertest.WaitUntil(t, "the left postgres exits", func() bool { return syscall.Kill(pid, 0) != nil })
+	})
+}
+
+// sharedServer is the machine's PostgreSQL on 127.0.0.1:5432, where the
+// tests of other packages run; nil when nothing answers there.
+type sharedServer struct{ conn *pgx.Conn }
+
+// openSharedServer connects to 127.0.0.1:5432 and holds, for the test,
+// the advisory lock workers/provision's TestDev holds while it makes and
+// drops role mesh_app there, so that what this test reads is not that
+// test's doing.
+func openSharedServer(t *testing.T) *sharedServer {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable&connect_timeout=3")
+	if err != nil {
+		t.Logf("no shared PostgreSQL on 127.0.0.1:5432 (%v): nothing there to leave untouched", err)
+		return nil
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	lctx, lcancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer lcancel()
+	if _, err := conn.Exec(lctx, "SELECT pg_catalog.pg_advisory_lock(pg_catalog.hashtextextended('steward.provision.TestDev', 0))"); err != nil {
+		t.Fatal(err)
+	}
+	return &sharedServer{conn: conn}
+}
+
+// state is what dev's provisioning would make on a server: role mesh_app,
+// database app (by oid, so that a drop and remake shows) and dev-db's
+// generation row.
+func (s *sharedServer) state(t *testing.T) string {
+	t.Helper()
+	if s == nil {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var role, db, gen string
+	err := s.conn.QueryRow(ctx, `SELECT
+		coalesce((SELECT oid::text FROM pg_catalog.pg_roles WHERE rolname = 'mesh_app'), 'no role'),
+		coalesce((SELECT oid::text FROM pg_catalog.pg_database WHERE datname = 'app'), 'no database')`).Scan(&role, &db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen = "no generation table"
+	var table bool
+	if err := s.conn.QueryRow(ctx, "SELECT to_regclass('steward.provision_generation') IS NOT NULL").Scan(&table); err != nil {
+		t.Fatal(err)
+	}
+	if table {
+		err := s.conn.QueryRow(ctx, "SELECT coalesce((SELECT generation::text FROM steward.provision_generation WHERE machine = $1 AND prefix = 'mesh_'), 'no row')", provision.DevMachine).Scan(&gen)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return fmt.Sprintf("role mesh_app %s, database app %s, dev-db generation %s", role, db, gen)
+}
+
+// pgLine is dev's "PostgreSQL: 127.0.0.1:<port>, a private cluster in
+// <dir> (<state>...)" line.
+var pgLine = regexp.MustCompile(`^PostgreSQL: 127\.0\.0\.1:(\d+), a private cluster in (\S+) \(([^,;)]+)`)
+
+// privatePG reads the port, folder and state ("made now", "reused") dev
+// printed for its private cluster.
+func privatePG(t *testing.T, d devRun) (port int, dir, state, line string) {
+	t.Helper()
+	line = d.p.waitLine(t, "PostgreSQL: ")
+	m := pgLine.FindStringSubmatch(line)
+	if m == nil {
+		t.Fatalf("the PostgreSQL line %q does not name a private cluster", line)
+	}
+	port, _ = strconv.Atoi(m[1])
+	return port, m[2], m[3], line
+}
+
+// publishGrant publishes provision's grant as dev's printed line does and
+// waits for its outcome.
+func publishGrant(t *testing.T, d devRun, js jetstream.JetStream) string {
+	t.Helper()
+	before := len(workertest.Outcomes(t, js, provision.Name, provision.DevMachine))
+	for _, line := range publishLines(t, d.p.snapshot(), provision.Name) {
+		cmd := exec.Command("sh", "-c", strings.Replace(line, "go run ./cmd/steward", bin, 1))
+		cmd.Env = cleanEnv("STEWARD_NATS_URL=" + d.natsURL)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("provision line %q: %v\n%s", line, err, out)
+		}
+	}
+	var typ string
+	workertest.WaitUntil(t, "provision emits an outcome for the grant", func() bool {
+		outs := workertest.Outcomes(t, js, provision.Name, provision.DevMachine)
+		if len(outs) > before {
+			typ = outs[len(outs)-1].Type()
+			return true
+		}
+		return false
+	})
+	return typ
+}
+
+// connectLine connects as dev's printed "then connect" psql line says,
+// with the development password, and returns who and where it is.
+func connectLine(t *testing.T, d devRun, dir string) string {
+	t.Helper()
+	line := d.p.waitLine(t, "then connect: ")
+	m := regexp.MustCompile(`psql "([^"]+)"`).FindStringSubmatch(line)
+	if m == nil {
+		t.Fatalf("no psql connection string in %q", line)
+	}
+	password, err := os.ReadFile(filepath.Join(dir, provision.Name, "app-password"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, m[1]+" sslmode=disable password="+strings.TrimSpace(string(password)))
+	if err != nil {
+		t.Fatalf("connect as the printed line %q says: %v", line, err)
+	}
+	defer conn.Close(ctx)
+	var who string
+	if err := conn.QueryRow(ctx, "SELECT current_user || '@' || current_database() || ':' || current_setting('port')").Scan(&who); err != nil {
+		t.Fatal(err)
+	}
+	return who
+}
+
+func answersOn(port int) bool {
+	c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
+	if err == nil {
+		c.Close()
+	}
+	return err == nil
+}
+
+// TestDevPostgres proves issue 14 fixed: `steward dev` makes and runs a
+// private PostgreSQL under --dir (127.0.0.1, its own port, as the postgres
+// user when root), its printed grant lands there (the role logs in as the
+// printed psql line says, on that port), and the machine's shared server
+// on 5432 is left as it was. SIGTERM stops the cluster with dev; a second
+// start reuses it (same port, the role still there); after a SIGKILL of
+// dev the next start stops the orphaned server and runs again.
+func TestDevPostgres(t *testing.T) {
+	pgBinOrSkip(t)
+	shared := openSharedServer(t)
+	sharedBefore := shared.state(t)
+	dir := reachableDir(t)
+	clusterDir, _ := filepath.Abs(filepath.Join(dir, "postgres"))
+	stopLeftPostgres(t, clusterDir)
+
+	began := time.Now()
+	d := startDev(t, dir)
+	port, where, state, line := privatePG(t, d)
+	t.Logf("dev up with a new cluster in %v: %s", time.Since(began), line)
+	if where != clusterDir || state != "made now" || port == 5432 {
+		t.Fatalf("PostgreSQL line %q: want a cluster made now in %s, not on 5432", line, clusterDir)
+	}
+	if os.Geteuid() == 0 && !strings.Contains(line, "run as the postgres user") {
+		t.Fatalf("running as root, the line %q does not say the server runs as postgres", line)
+	}
+	d.p.waitLine(t, "provision is running")
+	_, js := connectJS(t, d.natsURL)
+	if typ := publishGrant(t, d, js); typ != "dev.steward.grant.applied.v1" {
+		t.Fatalf("the grant's outcome is %s", typ)
+	}
+	if who := connectLine(t, d, dir); who != fmt.Sprintf("mesh_app@app:%d", port) {
+		t.Fatalf("the printed psql line connects as %s, want mesh_app@app on the private port %d", who, port)
+	}
+	if after := shared.state(t); after != sharedBefore {
+		t.Fatalf("the shared server on 5432 changed: before %q, after %q", sharedBefore, after)
+	}
+
+	if code := d.p.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("dev exited %d after SIGTERM", code)
+	}
+	if !strings.Contains(d.p.output(), "PostgreSQL stopped") || answersOn(port) {
+		t.Fatalf("after SIGTERM PostgreSQL still answers on %d (%v) or dev did not say it stopped it", port, answersOn(port))
+	}
+
+	// Reused: no initdb, the same port, the grant's role still there.
+	began = time.Now()
+	d2 := startDev(t, dir)
+	port2, _, state2, line2 := privatePG(t, d2)
+	t.Logf("dev up with its kept cluster in %v: %s", time.Since(began), line2)
+	if state2 != "reused" || port2 != port {
+		t.Fatalf("second start: %q, want the cluster reused on %d", line2, port)
+	}
+	d2.p.waitLine(t, "provision is running")
+	if who := connectLine(t, d2, dir); who != fmt.Sprintf("mesh_app@app:%d", port) {
+		t.Fatalf("after a restart the role connects as %s", who)
+	}
+
+	// Killed: the server outlives dev; the next start stops it and runs.
+	if err := d2.p.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-d2.p.done
+	if !answersOn(port) {
+		t.Fatal("the server did not outlive a SIGKILL of dev, so this part proves nothing")
+	}
+	d3 := startDev(t, dir)
+	_, _, _, line3 := privatePG(t, d3)
+	if !strings.Contains(line3, "left running") {
+		t.Fatalf("after a killed dev: %q, want it to say it stopped the server left running", line3)
+	}
+	d3.p.waitLine(t, "provision is running")
+	if who := connectLine(t, d3, dir); !strings.HasPrefix(who, "mesh_app@app:") {
+		t.Fatalf("after recovery the role connects as %s", who)
+	}
+	if code := d3.p.stop(t, syscall.SIGINT); code != 0 {
+		t.Fatalf("dev exited %d after SIGINT", code)
+	}
+	if after := shared.state(t); after != sharedBefore {
+		t.Fatalf("the shared server on 5432 changed: before %q, after %q", sharedBefore, after)
+	}
+}
+
+// TestDevDatabaseURL proves --database-url points provision at that server
+// and dev starts no PostgreSQL of its own.
+func TestDevDatabaseURL(t *testing.T) {
+	bin := pgBinOrSkip(t)
+	shared := openSharedServer(t)
+	sharedBefore := shared.state(t)
+	other := reachableDir(t)
+	srv, err := pgserver.Start(context.Background(), pgserver.Options{Bin: bin, Dir: other, Settings: map[string]string{"fsync": "off"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+
+	dir := t.TempDir()
+	d := startDevWith(t, nil, dir, "--database-url", srv.URL("postgres"))
+	line := d.p.waitLine(t, "PostgreSQL: ")
+	if want := fmt.Sprintf("PostgreSQL: 127.0.0.1:%d as postgres, database postgres, from --database-url", srv.Port); !strings.HasPrefix(line, want) {
+		t.Fatalf("PostgreSQL line %q, want %q", line, want)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "postgres")); !os.IsNotExist(err) {
+		t.Fatalf("dev made a cluster folder though --database-url was given: %v", err)
+	}
+	d.p.waitLine(t, "provision is running")
+	_, js := connectJS(t, d.natsURL)
+	if typ := publishGrant(t, d, js); typ != "dev.steward.grant.applied.v1" {
+		t.Fatalf("the grant's outcome is %s", typ)
+	}
+	if who := connectLine(t, d, dir); who != fmt.Sprintf("mesh_app@app:%d", srv.Port) {
+		t.Fatalf("the role connects as %s, want mesh_app@app on the --database-url server's port %d", who, srv.Port)
+	}
+	if code := d.p.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("dev exited %d after SIGTERM", code)
+	}
+	if !answersOn(srv.Port) {
+		t.Fatal("dev stopped the --database-url server, which is not its own")
+	}
+	if after := shared.state(t); after != sharedBefore {
+		t.Fatalf("the shared server on 5432 changed: before %q, after %q", sharedBefore, after)
+	}
+}
+
+// TestDevNoPostgres proves that with no server binaries (STEWARD_PG_BIN,
+// --pg-bin's twin, names an empty folder) and no --database-url dev says
+// so, runs the other three workers, and never falls back to 5432 even
+// with the libpq variables naming it; and that a --database-url where
+// nothing answers is named without its password.
+func TestDevNoPostgres(t *testing.T) {
+	empty := t.TempDir()
+	d := startDevWith(t, []string{"STEWARD_PG_BIN=" + empty, "PGHOST=127.0.0.1", "PGPORT=5432", "PGUSER=postgres"}, t.TempDir())
+	line := d.p.waitLine(t, "PostgreSQL: ")
+	if !strings.HasPrefix(line, "PostgreSQL: none; --pg-bin "+empty+" holds no initdb") || !strings.Contains(line, "--database-url") {
+		t.Fatalf("PostgreSQL line %q, want none, naming the empty --pg-bin and --database-url", line)
+	}
+	not := d.p.waitLine(t, "provision is not running")
+	if !strings.Contains(not, "it needs PostgreSQL") || strings.Count(not, "is not running") != 1 {
+		t.Fatalf("provision line %q", not)
+	}
+	for _, w := range []string{converge.Name, join.Name, credential.Name} {
+		d.p.waitLine(t, w+" is running")
+	}
+	if code := d.p.stop(t, syscall.SIGINT); code != 0 {
+		t.Fatalf("dev exited %d after SIGINT", code)
+	}
+
+	// A --database-url where nothing answers is named, with what to do.
+	d = startDevWith(t, nil, t.TempDir(), "--database-url", "postgres://postgres:hunter2@127.0.0.1:1/postgres")
+	not = d.p.waitLine(t, "provision is not running")
+	if !strings.Contains(not, "PostgreSQL at 127.0.0.1:1 as postgres does not answer") || !strings.Contains(not, "start that server") || strings.Contains(d.p.output(), "hunter2") {
+		t.Fatalf("provision line %q (and no password printed anywhere)", not)
+	}
+	if code := d.p.stop(t, syscall.SIGINT); code != 0 {
+		t.Fatalf("dev exited %d after SIGINT", code)
 	}
 }

@@ -37,11 +37,21 @@ const (
 // generation 1, consumer node app granted database app, its password
 // encrypted to the identity), all 0600, made once and then reused.
 // PostgreSQL is found through the libpq environment variables (PGHOST,
-// PGPORT, PGUSER, ...). When it does not answer, or answers as a user that
-// is not a superuser, Dev returns the Config with an error saying why
-// provision is not running; grant events then wait in the stream. The lines
-// tell a newcomer how to publish the grant and connect as its role.
+// PGPORT, PGUSER, ...); it is DevAt with no URL. When it does not answer,
+// or answers as a user that is not a superuser, Dev returns the Config
+// with an error saying why provision is not running; grant events then
+// wait in the stream. The lines tell a newcomer how to publish the grant
+// and connect as its role.
 func Dev(ctx context.Context, dir string) (Config, []string, error) {
+	return DevAt(ctx, dir, "")
+}
+
+// DevAt is Dev against the server of databaseURL (a pgx connection
+// string for a superuser; empty: the libpq environment variables).
+// `steward dev` passes its private cluster's URL or its --database-url, so
+// that the libpq defaults, which name the machine's shared server, never
+// decide where dev's roles and databases go.
+func DevAt(ctx context.Context, dir, databaseURL string) (Config, []string, error) {
 	base := filepath.Join(dir, Name)
 	if err := os.MkdirAll(base, 0o700); err != nil {
 		return Config{}, nil, fmt.Errorf("provision dev folder: %w", err)
@@ -66,18 +76,22 @@ func Dev(ctx context.Context, dir string) (Config, []string, error) {
 	if err := devGrant(grantPath, recipient, password, newID || newPassword); err != nil {
 		return Config{}, nil, err
 	}
-	cfg := Config{Machine: DevMachine, AgeIdentity: path, RolePrefix: DefaultRolePrefix}
+	cfg := Config{Machine: DevMachine, AgeIdentity: path, DatabaseURL: databaseURL, RolePrefix: DefaultRolePrefix}
 	role := DefaultRolePrefix + devNode
 	lines := []string{
 		fmt.Sprintf("provision: machine %s, roles %s<node>; grants' passwords are age-encrypted (armored) to %s", DevMachine, DefaultRolePrefix, recipient),
 		fmt.Sprintf("  grant database %s to role %s: go run ./cmd/steward publish --type %s --data @%s", devDatabase, role, events.TypeGrantChanged, grantPath),
-		fmt.Sprintf(`  then connect: PGPASSWORD="$(cat %s)" psql "%s user=%s dbname=%s"`, passwordPath, devServer(), role, devDatabase),
+		fmt.Sprintf(`  then connect: PGPASSWORD="$(cat %s)" psql "%s user=%s dbname=%s"`, passwordPath, devServer(databaseURL), role, devDatabase),
 		`  a grant is the machine's whole state: to change it, publish a new grant with a higher "generation" (2, 3, ...); one not above the applied generation is skipped`,
 	}
-	if err := probe(ctx); err != nil {
+	if err := probe(ctx, databaseURL); err != nil {
 		// pgx lists each address it tried on a line of its own.
 		why := strings.Join(strings.Fields(err.Error()), " ")
-		return cfg, lines, fmt.Errorf("provision is not running: %s; set PGHOST, PGPORT and PGUSER (a superuser) or --database-url, and grant events wait in the stream until it runs", why)
+		fix := "set PGHOST, PGPORT and PGUSER (a superuser)"
+		if databaseURL != "" {
+			fix = "start that server or give a URL of one that runs, as a superuser"
+		}
+		return cfg, lines, fmt.Errorf("provision is not running: %s; %s, and grant events wait in the stream until it runs", why, fix)
 	}
 	return cfg, lines, nil
 }
@@ -149,12 +163,12 @@ func devGrant(path, recipient, password string, replace bool) error {
 }
 
 // devServer is the host (and port, when not the default) to connect to
-// as the granted role: the libpq settings' TCP host, or 127.0.0.1 when
-// they name a socket, where the server would check the role by its OS user
-// rather than its password.
-func devServer() string {
+// as the granted role: the TCP host of databaseURL (or of the libpq
+// settings when it is empty), or 127.0.0.1 when they name a socket, where
+// the server would check the role by its OS user rather than its password.
+func devServer(databaseURL string) string {
 	host, port := "127.0.0.1", uint16(5432)
-	if cc, err := pgx.ParseConfig(""); err == nil {
+	if cc, err := pgx.ParseConfig(databaseURL); err == nil {
 		if cc.Host != "" && !strings.HasPrefix(cc.Host, "/") {
 			host = cc.Host
 		}
@@ -166,11 +180,15 @@ func devServer() string {
 	return "host=" + host
 }
 
-// probe connects with the libpq defaults and checks the user can do a
-// provision worker's work.
-func probe(ctx context.Context) error {
-	cc, err := pgx.ParseConfig("")
+// probe connects to databaseURL (empty: the libpq defaults) and checks
+// the user can do a provision worker's work.
+func probe(ctx context.Context, databaseURL string) error {
+	cc, err := pgx.ParseConfig(databaseURL)
 	if err != nil {
+		if databaseURL != "" {
+			// Not %w: pgx's parse error quotes the URL, password and all.
+			return errors.New("the database URL does not parse as a pgx connection string (postgres://user@host:port/db or key=value)")
+		}
 		return fmt.Errorf("the libpq settings do not parse: %w", err)
 	}
 	target := fmt.Sprintf("PostgreSQL at %s:%d as %s", cc.Host, cc.Port, cc.User)
