@@ -1,12 +1,52 @@
-// Package workers is the runtime every Steward worker shares: it consumes a
-// durable JetStream pull consumer, validates each event, runs the worker's
-// Handler one key at a time in stream order, checkpoints progress in a KV
-// bucket, retries what a retry can fix, and sends what it cannot fix to the
-// dead-letter stream. A Handler only makes the world match one event.
+// Package workers is the runtime every Steward worker shares. A worker is
+// a Handler that makes the world match one event, and a Spec that says what
+// it consumes; the runtime does the rest.
+//
+// Every event is desired state for one key, and the runtime converges like
+// a Kubernetes controller: the newest desired state of every key is applied,
+// whatever failed or restarted in between, and nobody has to redrive it.
+//
+// What a handler's result means:
+//
+//   - nil: the event is applied. The key's checkpoint moves to it, then the
+//     ack is confirmed (DoubleAck).
+//   - Refused(err): a policy refusal (a downgrade, a bad signature, a stale
+//     version). The handler has emitted its refused outcome; the event is
+//     settled like an applied one, counted as refused, never dead-lettered.
+//   - Permanent(err): the event cannot be processed at all. It goes to the
+//     dead-letter stream with err as the reason, on the first delivery.
+//   - any other error: retried, in this process and without a redelivery,
+//     with capped exponential backoff and jitter (DefaultBackoff: up to
+//     DefaultMaxBackoff) for as long as it fails, until it applies or a
+//     newer verified event of its key supersedes it. The message stays
+//     held and heartbeated meanwhile, so no delivery count runs out.
+//   - a panic: caught and retried like an error, at most WithMaxPanics
+//     times, then dead-lettered with the panic as the reason.
+//
+// Events of one key run one at a time in stream order; keys run in
+// parallel up to WithConcurrency. Under a latest-wins Spec (Spec.Rank set),
+// an event not yet applied is superseded by a newer one of its key queued
+// behind it: "newer" is the worker's own order (a generation, a version, a
+// signed time) read from an event that passed the worker's verification,
+// so an event that fails verification supersedes nothing. A superseded
+// event is settled with a superseded outcome, never applied after the newer
+// one.
+//
+// A KV checkpoint per key holds the last settled stream sequence and the
+// stage a handler saved, so a redelivery resumes (Delivery.LoadStage) and a
+// late, older event is skipped. An event delivered more than WithMaxDeliver
+// times without ever settling (a crash loop) is dead-lettered. SIGTERM
+// stops pulling, lets handlers finish within the shutdown grace and naks
+// the rest for immediate redelivery.
+//
+// The keys being retried and the keys waiting behind an earlier event are
+// published in a status document (StatusKey) and as metrics; error text is
+// never a metric label.
 package workers
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
@@ -14,11 +54,7 @@ import (
 
 // Handler applies one event. It must be idempotent: after a crash the same
 // event is delivered again, with the stage it saved (Delivery.LoadStage).
-//
-// Its result decides the event's fate: nil acknowledges it; an error marked
-// Permanent sends it to the DLQ at once; any other error retries it with
-// backoff until MaxDeliver, and then sends it to the DLQ. A panic counts as
-// a retryable failure.
+// Its result decides the event's fate, as the package documentation says.
 type Handler interface {
 	Handle(ctx context.Context, d *Delivery) error
 }
@@ -55,14 +91,51 @@ type Spec struct {
 	// provision worker's outcomes are grant.applied and grant.refused, as
 	// the catalog names them.
 	OutcomeNoun string
+	// Rank, when set, makes the kind latest-wins: an event not yet applied
+	// is superseded by a newer one of its order key. Rank verifies the
+	// event as Handle would and returns its place in the key's order (a
+	// generation, a version, a signed time): greater is newer. An error
+	// means the event does not verify, or takes part in no choice
+	// (ErrUnranked): it supersedes nothing, is never superseded, and is
+	// handed to Handle in its turn. Rank must refuse whatever Handle would
+	// refuse, since the events it supersedes are never applied. Leave it
+	// nil where every event is a step (converge applies releases in order).
+	Rank func(ctx context.Context, d *Delivery) (uint64, error)
+}
+
+// ErrUnranked is what a Rank returns for an event that takes part in no
+// latest-wins choice (another kind of event of the same worker).
+var ErrUnranked = errors.New("the event takes part in no latest-wins choice")
+
+// OutcomeSuperseded is the outcome the runtime emits for an event settled
+// unapplied because a newer verified event of its key was queued behind it.
+const OutcomeSuperseded = "superseded"
+
+// Superseded is the data of a superseded outcome.
+type Superseded struct {
+	Key                  string `json:"key"`
+	EventID              string `json:"eventId"`
+	Sequence             uint64 `json:"sequence"`
+	SupersededBy         string `json:"supersededBy"`
+	SupersededBySequence uint64 `json:"supersededBySequence"`
+	Reason               string `json:"reason"`
 }
 
 // Defaults of the runtime's options.
 const (
-	DefaultAckWait       = 30 * time.Second
-	DefaultMaxDeliver    = 10
-	DefaultConcurrency   = 32
-	DefaultShutdownGrace = 30 * time.Second
+	DefaultAckWait    = 30 * time.Second
+	DefaultMaxDeliver = 100
+	// DefaultMaxPanics is how often a handler may panic on one event
+	// before it goes to the DLQ.
+	DefaultMaxPanics = 5
+	// DefaultMaxBackoff caps the delay between two attempts of a
+	// failing event.
+	DefaultMaxBackoff = 2 * time.Minute
+	// DefaultStatusInterval is how often, at most, the status document
+	// of retrying keys is written.
+	DefaultStatusInterval = 5 * time.Second
+	DefaultConcurrency    = 32
+	DefaultShutdownGrace  = 30 * time.Second
 	// CheckpointBucket is the KV bucket holding checkpoints and the
 	// handlers' state.
 	CheckpointBucket = "STEWARD_CHECKPOINTS"

@@ -10,22 +10,64 @@ import (
 
 // The results a delivery is counted under in steward_events_total.
 const (
-	resultApplied  = "applied"
-	resultSkipped  = "skipped"
-	resultRefused  = "refused"
-	resultRetried  = "retried"
-	resultDead     = "dead_lettered"
-	resultReleased = "released" // naked at shutdown, redelivered at once
+	resultApplied = "applied"
+	resultSkipped = "skipped"
+	resultRefused = "refused"
+	// resultSuperseded: a newer verified event of its key was queued
+	// behind it under a latest-wins Spec, so it was settled unapplied.
+	resultSuperseded = "superseded"
+	resultRetried    = "retried"
+	resultDead       = "dead_lettered"
+	resultReleased   = "released" // naked at shutdown, redelivered at once
 	// resultDeferred is logged, not counted: the event waits, still held,
 	// behind an earlier event of its key.
 	resultDeferred = "deferred"
 )
 
 type metrics struct {
-	events   *prometheus.CounterVec
-	duration *prometheus.HistogramVec
-	inFlight *prometheus.GaugeVec
-	panics   *prometheus.CounterVec
+	events      *prometheus.CounterVec
+	duration    *prometheus.HistogramVec
+	inFlight    *prometheus.GaugeVec
+	panics      *prometheus.CounterVec
+	retrying    *prometheus.GaugeVec
+	waiting     *prometheus.GaugeVec
+	oldestRetry *prometheus.GaugeVec
+}
+
+// instanceMetrics are one worker instance's children of the vectors,
+// looked up once: a label lookup per event is measurable at fleet rates.
+type instanceMetrics struct {
+	results     map[string]prometheus.Counter
+	duration    prometheus.Observer
+	inFlight    prometheus.Gauge
+	panics      prometheus.Counter
+	retrying    prometheus.Gauge
+	waiting     prometheus.Gauge
+	oldestRetry prometheus.Gauge
+}
+
+func (m *metrics) forInstance(worker, instance string) *instanceMetrics {
+	l := prometheus.Labels{"worker": worker, "instance": instance}
+	im := &instanceMetrics{
+		results:     map[string]prometheus.Counter{},
+		duration:    m.duration.With(l),
+		inFlight:    m.inFlight.With(l),
+		panics:      m.panics.With(l),
+		retrying:    m.retrying.With(l),
+		waiting:     m.waiting.With(l),
+		oldestRetry: m.oldestRetry.With(l),
+	}
+	for _, r := range []string{resultApplied, resultRefused, resultSuperseded, resultSkipped, resultRetried, resultDead, resultReleased} {
+		im.results[r] = m.events.With(prometheus.Labels{"worker": worker, "instance": instance, "result": r})
+	}
+	return im
+}
+
+// count counts one delivery under its result.
+func (im *instanceMetrics) count(result string) {
+	if c, ok := im.results[result]; ok {
+		c.Inc()
+	}
 }
 
 // register returns c, or the collector already registered under its name:
@@ -47,7 +89,7 @@ func newMetrics(r prometheus.Registerer) *metrics {
 	return &metrics{
 		events: register(r, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "steward_events_total",
-			Help: "Deliveries handled, by result: applied, refused, skipped (stale), retried, dead_lettered, released.",
+			Help: "Deliveries handled, by result: applied, refused, superseded, skipped (stale), retried, dead_lettered, released.",
 		}, append(labels, "result"))),
 		duration: register(r, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "steward_handler_duration_seconds",
@@ -61,6 +103,18 @@ func newMetrics(r prometheus.Registerer) *metrics {
 		panics: register(r, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "steward_handler_panics_total",
 			Help: "Handler panics caught and counted as failures.",
+		}, labels)),
+		retrying: register(r, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "steward_keys_retrying",
+			Help: "Keys whose event failed and is being retried.",
+		}, labels)),
+		waiting: register(r, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "steward_keys_waiting",
+			Help: "Keys whose next event waits for an earlier one held elsewhere.",
+		}, labels)),
+		oldestRetry: register(r, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "steward_retry_oldest_seconds",
+			Help: "Age of the oldest first failure among the keys being retried.",
 		}, labels)),
 	}
 }

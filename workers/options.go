@@ -9,39 +9,46 @@ import (
 )
 
 type options struct {
-	ackWait       time.Duration
-	heartbeat     time.Duration
-	maxDeliver    int
-	concurrency   int
-	maxAckPending int
-	shutdownGrace time.Duration
-	replicas      int
-	newBackoff    func() backoff.BackOff
-	logger        zerolog.Logger
-	registerer    prometheus.Registerer
-	now           func() time.Time
+	ackWait        time.Duration
+	heartbeat      time.Duration
+	maxDeliver     int
+	concurrency    int
+	maxAckPending  int
+	shutdownGrace  time.Duration
+	replicas       int
+	maxPanics      int
+	statusInterval time.Duration
+	onSettled      func(Settlement)
+	newBackoff     func() backoff.BackOff
+	logger         zerolog.Logger
+	registerer     prometheus.Registerer
+	now            func() time.Time
 }
 
 func defaultOptions() options {
 	return options{
-		ackWait:       DefaultAckWait,
-		maxDeliver:    DefaultMaxDeliver,
-		concurrency:   DefaultConcurrency,
-		shutdownGrace: DefaultShutdownGrace,
-		replicas:      1,
-		newBackoff:    DefaultBackoff,
-		logger:        zerolog.Nop(),
-		registerer:    prometheus.DefaultRegisterer,
-		now:           time.Now,
+		ackWait:        DefaultAckWait,
+		maxDeliver:     DefaultMaxDeliver,
+		maxPanics:      DefaultMaxPanics,
+		statusInterval: DefaultStatusInterval,
+		concurrency:    DefaultConcurrency,
+		shutdownGrace:  DefaultShutdownGrace,
+		replicas:       1,
+		newBackoff:     DefaultBackoff,
+		logger:         zerolog.Nop(),
+		registerer:     prometheus.DefaultRegisterer,
+		now:            time.Now,
 	}
 }
 
-// DefaultBackoff is exponential from one second to one minute with 50%
-// jitter, so a failing dependency is not hammered in lockstep.
+// DefaultBackoff is exponential from half a second up to DefaultMaxBackoff
+// with 50% jitter, and never gives up: desired state held up by an outage
+// applies once the outage ends, and a failing dependency is not hammered in
+// lockstep.
 func DefaultBackoff() backoff.BackOff {
 	b := backoff.NewExponentialBackOff()
-	b.InitialInterval = time.Second
-	b.MaxInterval = time.Minute
+	b.InitialInterval = 500 * time.Millisecond
+	b.MaxInterval = DefaultMaxBackoff
 	b.RandomizationFactor = 0.5
 	b.MaxElapsedTime = 0
 	return b
@@ -59,9 +66,25 @@ func WithAckWait(d time.Duration) Option { return func(o *options) { o.ackWait =
 // default is a third of AckWait.
 func WithHeartbeat(d time.Duration) Option { return func(o *options) { o.heartbeat = d } }
 
-// WithMaxDeliver sets how many deliveries a failing event gets before it
-// goes to the DLQ.
+// WithMaxDeliver bounds deliveries that never settle: an event delivered
+// more often than n times (each process that took it stopped before it
+// settled it, a crash loop) goes to the DLQ. Failures the handler returns
+// do not count: they are retried in process, without a redelivery, for as
+// long as they fail.
 func WithMaxDeliver(n int) Option { return func(o *options) { o.maxDeliver = n } }
+
+// WithMaxPanics sets how many times a handler may panic on one event
+// before the event goes to the DLQ with the panic as its reason.
+func WithMaxPanics(n int) Option { return func(o *options) { o.maxPanics = n } }
+
+// WithStatusInterval sets how often, at most, the status document of the
+// keys being retried is written (StatusKey).
+func WithStatusInterval(d time.Duration) Option { return func(o *options) { o.statusInterval = d } }
+
+// WithSettledHook calls fn once the ack of every settled event is
+// confirmed (benchmarks and tests measure publish-to-settled with it). fn
+// runs on the confirmation's goroutine and must not block.
+func WithSettledHook(fn func(Settlement)) Option { return func(o *options) { o.onSettled = fn } }
 
 // WithConcurrency sets how many keys are handled at once.
 func WithConcurrency(n int) Option { return func(o *options) { o.concurrency = n } }
@@ -78,8 +101,9 @@ func WithShutdownGrace(d time.Duration) Option { return func(o *options) { o.shu
 // streams the worker ensures (3 on a three-node cluster).
 func WithReplicas(n int) Option { return func(o *options) { o.replicas = n } }
 
-// WithBackoff sets the retry delays: the n-th failed delivery waits the n-th
-// interval of a fresh policy.
+// WithBackoff sets the retry delays: each failing event gets a fresh
+// policy, and its n-th failure waits the policy's n-th interval. A policy
+// that returns backoff.Stop retries at once.
 func WithBackoff(newBackoff func() backoff.BackOff) Option {
 	return func(o *options) { o.newBackoff = newBackoff }
 }

@@ -2,75 +2,18 @@ package workers
 
 import (
 	"context"
-	"encoding/base32"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
 )
 
-// checkpoint is what the runtime keeps per worker instance and order key:
-// the last stream sequence applied, and the stage a handler saved for the
-// event it is working on.
-type checkpoint struct {
-	Applied  uint64          `json:"applied"`
-	EventID  string          `json:"eventId,omitempty"`
-	StageSeq uint64          `json:"stageSeq,omitempty"`
-	Stage    json.RawMessage `json:"stage,omitempty"`
-}
-
 // ErrConflict says a compare-and-swap write lost: another process wrote the
 // same entry first. Read again and decide again.
 var ErrConflict = errors.New("written meanwhile by another process")
-
-// kvToken turns a key into something a KV key may hold. Subject tokens pass
-// as they are; anything else (a version with '+') is base32-encoded behind a
-// prefix no token starts with.
-func kvToken(key string) string {
-	if events.CheckKey(key) == nil {
-		return key
-	}
-	return "_" + strings.ToLower(base32.HexEncoding.WithPadding(base32.NoPadding).EncodeToString([]byte(key)))
-}
-
-// laneOf names what orders and checkpoints an event: its kind and its
-// order key, so a box and a deployment that share a name never share a
-// checkpoint.
-func laneOf(typ, key string) string {
-	kind := strings.ReplaceAll(strings.TrimSuffix(strings.TrimPrefix(typ, "dev.steward."), ".v1"), ".", "-")
-	return kvToken(kind) + "." + kvToken(key)
-}
-
-func (w *Worker) checkpointKey(lane string) string {
-	return "cp." + w.spec.Name + "." + w.spec.Instance + "." + lane
-}
-
-func (w *Worker) getCheckpoint(ctx context.Context, lane string) (checkpoint, uint64, error) {
-	var cp checkpoint
-	entry, err := w.kv.Get(ctx, w.checkpointKey(lane))
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return cp, 0, nil
-	}
-	if err != nil {
-		return cp, 0, fmt.Errorf("read checkpoint of %s: %w", lane, err)
-	}
-	if err := json.Unmarshal(entry.Value(), &cp); err != nil {
-		return cp, 0, fmt.Errorf("checkpoint of %s is not readable: %w", lane, err)
-	}
-	return cp, entry.Revision(), nil
-}
-
-func (w *Worker) putCheckpoint(ctx context.Context, lane string, cp checkpoint, rev uint64) (uint64, error) {
-	raw, err := json.Marshal(cp)
-	if err != nil {
-		return 0, err
-	}
-	return casPut(ctx, w.kv, w.checkpointKey(lane), raw, rev)
-}
 
 // casPut writes only over revision rev (0: only if absent).
 func casPut(ctx context.Context, kv jetstream.KeyValue, key string, value []byte, rev uint64) (uint64, error) {
@@ -83,15 +26,12 @@ func casPut(ctx context.Context, kv jetstream.KeyValue, key string, value []byte
 	} else {
 		next, err = kv.Update(ctx, key, value, rev)
 	}
-	if errors.Is(err, jetstream.ErrKeyExists) || isWrongSequence(err) {
+	// A lost race is 10071 on a single server and 10164 on a replicated
+	// bucket; nats.go maps both to these two errors.
+	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 		return 0, fmt.Errorf("%s: %w", key, ErrConflict)
 	}
 	return next, err
-}
-
-func isWrongSequence(err error) bool {
-	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
 }
 
 // State is a worker instance's durable state in the checkpoint bucket:
@@ -147,3 +87,5 @@ func (s *State) Put(ctx context.Context, name string, v any, rev uint64) (uint64
 	}
 	return next, nil
 }
+
+func isNotFound(err error) bool { return errors.Is(err, jetstream.ErrKeyNotFound) }

@@ -1,0 +1,148 @@
+package workers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+
+	"github.com/rs/zerolog"
+)
+
+// verdict is what the lane does with a delivery once process returns:
+// nothing (it is settled or handed back), retry it (after its backoff), or
+// keep it waiting behind an earlier event of its key (behind).
+type verdict struct {
+	retry  error
+	behind uint64
+}
+
+// logFor is the logger of one delivery, with the fields DESIGN §4 names.
+func (w *Worker) logFor(h *held) zerolog.Logger {
+	return w.log.With().
+		Str("key", h.key).Str("event_id", h.event.ID()).Str("type", h.event.Type()).
+		Uint64("seq", h.seq).Uint64("delivery", h.delivered).Uint64("attempt", h.delivered+h.attempts).Logger()
+}
+
+// process runs one delivery to its end and says what the lane does next.
+func (w *Worker) process(h *held) verdict {
+	ctx := w.handlerCtx
+	start := w.now()
+	log := w.logFor(h)
+	if h.deadReason != nil {
+		w.deadLetter(h, Permanent(h.deadReason), log)
+		return verdict{}
+	}
+	result, behind, err := w.apply(ctx, h, log)
+	elapsed := w.now().Sub(start)
+	w.m.duration.Observe(elapsed.Seconds())
+
+	var v verdict
+	var p *panicError
+	switch {
+	case result != "":
+	case ctx.Err() != nil:
+		w.release(h)
+		result = resultReleased
+	case IsPermanent(err):
+		result = w.deadLetter(h, err, log)
+	case errors.As(err, &p) && h.panics+1 >= w.o.maxPanics:
+		h.panics++
+		result = w.deadLetter(h, Permanent(fmt.Errorf("the handler panicked %d times, the last with: %w", h.panics, err)), log)
+	default:
+		if p != nil {
+			h.panics++
+		}
+		result = resultRetried
+		w.m.count(resultRetried)
+		v.retry = err
+	}
+	ev := log.Info()
+	if err != nil {
+		ev = log.Warn().Str("error", elideSecrets(oneLine(err.Error())))
+	}
+	if behind != 0 {
+		ev = ev.Uint64("behind", behind)
+		v.behind = behind
+	}
+	ev.Str("outcome", result).Dur("duration", elapsed).Msg("delivery handled")
+	return v
+}
+
+// apply checks the checkpoint and the order, runs the handler and records
+// the event as settled. It returns a result when the delivery is settled
+// or deferred (with the sequence it waits behind), or the handler's error.
+func (w *Worker) apply(ctx context.Context, h *held, log zerolog.Logger) (string, uint64, error) {
+	cp, rev, cached, err := w.checkpointFor(ctx, h)
+	if err != nil {
+		return "", 0, err
+	}
+	if h.seq <= cp.Applied {
+		// A late redelivery of something older than what was applied:
+		// applying it would roll the key back.
+		w.ack(h, resultSkipped, log)
+		log.Info().Uint64("applied", cp.Applied).Msg("event is older than the last applied for its key; skipped")
+		return resultSkipped, 0, nil
+	}
+	// An earlier unsettled event of the key can only exist elsewhere if
+	// this process has not seen every delivery since it last settled the
+	// key (a start, a gap in the consumer sequence), or if this is a
+	// redelivery; otherwise the scan is skipped (order.go).
+	if !cached || h.delivered > 1 {
+		behind, err := w.earlierUnsettled(ctx, h, cp.Applied)
+		if err != nil {
+			return "", 0, err
+		}
+		if behind != 0 {
+			now := w.now()
+			if h.deferredSince.IsZero() {
+				h.deferredSince = now
+			}
+			if waited := now.Sub(h.deferredSince); waited < w.orderWait() {
+				return resultDeferred, behind, nil
+			}
+			log.Warn().Uint64("behind", behind).Dur("waited", now.Sub(h.deferredSince)).
+				Msg("an earlier event of this key has not settled in time; handling this one without it, and the earlier one is skipped if it comes back")
+		}
+	}
+	d := w.delivery(h, cp, rev, log)
+	result := resultApplied
+	if err := w.call(ctx, d); IsRefused(err) {
+		// A refusal settles the event as an application does: its
+		// outcome is out, and a redelivery would be refused again.
+		result = resultRefused
+		log.Info().Str("reason", elideSecrets(oneLine(err.Error()))).Msg("event refused by the worker's rules")
+	} else if err != nil {
+		return "", 0, err
+	}
+	if err := w.markApplied(ctx, h, d.cp, d.cpRev); err != nil {
+		return "", 0, err
+	}
+	w.ack(h, result, log)
+	return result, 0, nil
+}
+
+// delivery is what the handler (or Rank) is given for h.
+func (w *Worker) delivery(h *held, cp checkpoint, rev uint64, log zerolog.Logger) *Delivery {
+	return &Delivery{
+		Event: h.event, Key: h.key, Sequence: h.seq, Attempt: h.delivered + h.attempts, Log: log,
+		w: w, lane: h.lane, cp: cp, cpRev: rev,
+	}
+}
+
+// panicError is a handler panic turned into a failure.
+type panicError struct{ msg string }
+
+func (p *panicError) Error() string { return p.msg }
+
+// call runs the handler and turns a panic into an ordinary failure.
+func (w *Worker) call(ctx context.Context, d *Delivery) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			w.m.panics.Inc()
+			d.Log.Error().Str("panic", elideSecrets(oneLine(fmt.Sprint(r)))).Str("stack", string(debug.Stack())).Msg("handler panicked")
+			err = &panicError{msg: fmt.Sprintf("handler panicked on %s (event %s): %v", d.Key, d.Event.ID(), r)}
+		}
+	}()
+	return w.handler.Handle(ctx, d)
+}

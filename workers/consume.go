@@ -1,0 +1,188 @@
+package workers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/steward-dev/steward/events"
+)
+
+// Run consumes until ctx is done, then shuts down: it stops pulling, naks
+// what has not started (and what waits for a retry) so it is redelivered
+// at once, and lets running handlers finish within the shutdown grace
+// before cancelling them.
+func (w *Worker) Run(ctx context.Context) error {
+	if !w.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("worker %s is already running", w.consumerName())
+	}
+	defer w.running.Store(false)
+	w.stopping.Store(false)
+	w.stop = make(chan struct{})
+	hctx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelHandlers()
+	w.handlerCtx = hctx
+
+	it, err := w.consumer.Messages(jetstream.PullMaxMessages(max(2*w.o.concurrency, 16)))
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", w.consumerName(), err)
+	}
+	readerDone := make(chan struct{})
+	var readErr error
+	go func() {
+		defer close(readerDone)
+		for {
+			msg, err := it.Next()
+			switch {
+			case errors.Is(err, jetstream.ErrMsgIteratorClosed):
+				return
+			case errors.Is(err, nats.ErrConnectionClosed):
+				readErr = fmt.Errorf("consumer %s stopped: %w", w.consumerName(), err)
+				return
+			case err != nil:
+				// Missed heartbeats and reconnects surface here; the
+				// iterator recovers by itself, so note it and go on.
+				w.log.Debug().Err(err).Msg("pull interrupted")
+				select {
+				case <-ctx.Done():
+				case <-time.After(100 * time.Millisecond):
+				}
+				continue
+			}
+			w.accept(msg)
+		}
+	}()
+	hbDone := make(chan struct{})
+	hbStop := make(chan struct{})
+	go w.heartbeats(hbStop, hbDone)
+	w.log.Info().Str("consumer", w.consumerName()).Strs("subjects", w.spec.Subjects).Msg("worker consuming")
+
+	select {
+	case <-ctx.Done():
+	case <-readerDone:
+		// The connection closed for good: stop as if told to, and say so.
+	}
+	w.stopping.Store(true)
+	close(w.stop)
+	it.Drain()
+	<-readerDone
+	w.releaseQueued()
+
+	finished := make(chan struct{})
+	go func() { w.tasks.Wait(); w.acks.Wait(); close(finished) }()
+	select {
+	case <-finished:
+	case <-time.After(w.o.shutdownGrace):
+		w.log.Warn().Dur("grace", w.o.shutdownGrace).Msg("handlers still running after the shutdown grace; cancelling them")
+		cancelHandlers()
+		<-finished
+	}
+	close(hbStop)
+	<-hbDone
+	if readErr != nil {
+		w.log.Error().Err(readErr).Msg("worker stopped")
+		return readErr
+	}
+	w.log.Info().Msg("worker stopped")
+	return nil
+}
+
+// accept takes a message from the consumer and queues it behind its key.
+func (w *Worker) accept(msg jetstream.Msg) {
+	meta, err := msg.Metadata()
+	if err != nil {
+		w.log.Error().Err(err).Msg("message without JetStream metadata")
+		return
+	}
+	h := &held{msg: msg, seq: meta.Sequence.Stream, delivered: meta.NumDelivered, received: w.now()}
+	if w.stopping.Load() {
+		w.release(h)
+		return
+	}
+	if last := w.lastConsumerSeq; last != 0 && meta.Sequence.Consumer != last+1 {
+		// Deliveries went elsewhere: another process of this instance,
+		// or a pull lost on a reconnect. Checkpoints cached here may be
+		// stale and an earlier event of a key may be held elsewhere.
+		w.epoch.Add(1)
+	}
+	w.lastConsumerSeq = meta.Sequence.Consumer
+
+	e, err := events.Decode(msg.Headers(), msg.Data())
+	if err == nil {
+		err = w.check(msg.Subject(), e)
+	}
+	if err != nil {
+		// Nothing a retry can fix: straight to the DLQ, off the key lanes
+		// (an invalid event has no trustworthy key).
+		h.key = "invalid"
+		w.hold(h)
+		w.tasks.Add(1)
+		go func() {
+			defer w.tasks.Done()
+			defer w.unhold(h)
+			w.deadLetter(h, Permanent(err), w.log.With().Uint64("seq", h.seq).Logger())
+		}()
+		return
+	}
+	h.event, h.key = e, w.spec.OrderKey(e)
+	h.lane = laneOf(e.Type(), h.key)
+	if h.delivered > uint64(w.o.maxDeliver) {
+		// Dead-lettered in its turn, so that the checkpoint it settles
+		// never skips an earlier event of its key.
+		h.deadReason = fmt.Errorf("delivered %d times and never settled: every process that took it stopped before it did (a crash loop), so it is set aside", h.delivered)
+	}
+
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if prev, ok := w.held[h.seq]; ok {
+		if l := w.lanes[prev.lane]; l != nil {
+			if i := l.indexOf(h.seq); i >= 0 && l.queue[i] == prev {
+				// Redelivered while still queued here: keep the newer
+				// delivery, and what this process knows of the event.
+				h.attempts, h.panics, h.backoff, h.retryAt = prev.attempts, prev.panics, prev.backoff, prev.retryAt
+				h.firstFailure, h.lastError = prev.firstFailure, prev.lastError
+				h.rank, h.ranked, h.rankDone = prev.rank, prev.ranked, prev.rankDone
+				l.queue[i] = h
+				w.held[h.seq] = h
+				return
+			}
+		}
+		// Redelivered while its handler runs: the running one decides.
+		return
+	}
+	l := w.lanes[h.lane]
+	if l == nil {
+		l = newLane()
+		w.lanes[h.lane] = l
+	}
+	w.held[h.seq] = h
+	w.m.inFlight.Inc()
+	l.insert(h)
+	l.arrived(h.seq)
+	l.signal()
+	w.startLane(h.lane, l)
+}
+
+// check is the runtime's validation: the shared event validation, a type
+// this worker handles, and for keyed subjects a subject that names the
+// event's own key.
+func (w *Worker) check(subject string, e event.Event) error {
+	if err := events.Validate(e); err != nil {
+		return err
+	}
+	if !slices.Contains(w.spec.Types, e.Type()) {
+		return fmt.Errorf("%w: worker %s does not handle type %q", events.ErrInvalid, w.spec.Name, e.Type())
+	}
+	k, _ := events.Lookup(e.Type())
+	if k.KeyInSubject && !strings.HasSuffix(subject, "."+e.Subject()) {
+		return fmt.Errorf("%w: NATS subject %q does not end in the event's key %q", events.ErrInvalid, subject, e.Subject())
+	}
+	return nil
+}

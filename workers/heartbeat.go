@@ -1,0 +1,47 @@
+package workers
+
+import (
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// heartbeats marks every held message in progress, so a short AckWait and a
+// long handler (or a long queue behind one key, or a key retrying for as
+// long as its dependency is down) live together; it lets lanes stop
+// waiting for an earlier event that did not come back in time, and
+// publishes the status of retrying and waiting keys. It returns once the
+// worker has stopped and every lane and confirmation is done.
+func (w *Worker) heartbeats(stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	t := time.NewTicker(w.o.heartbeat)
+	defer t.Stop()
+	var lastStatus time.Time
+	for {
+		select {
+		case <-stop:
+			w.publishStatus(true)
+			return
+		case <-t.C:
+		}
+		w.mu.Lock()
+		msgs := make([]jetstream.Msg, 0, len(w.held))
+		for _, h := range w.held {
+			msgs = append(msgs, h.msg)
+		}
+		now := w.now()
+		for name, l := range w.lanes {
+			if l.expire(now) {
+				w.startLane(name, l)
+			}
+		}
+		w.mu.Unlock()
+		for _, m := range msgs {
+			_ = m.InProgress()
+		}
+		if now.Sub(lastStatus) >= w.o.statusInterval {
+			lastStatus = now
+			w.publishStatus(false)
+		}
+	}
+}

@@ -1,0 +1,116 @@
+package workers
+
+import (
+	"testing"
+	"time"
+)
+
+// The per-key queue is plain data: these tests drive it with made-up
+// sequences and a fake clock, with no server.
+
+func seqs(l *lane) []uint64 {
+	var out []uint64
+	for _, h := range l.queue {
+		out = append(out, h.seq)
+	}
+	return out
+}
+
+func TestLaneKeepsStreamOrderWhateverTheArrivalOrder(t *testing.T) {
+	l := newLane()
+	for _, s := range []uint64{7, 3, 9, 5} {
+		l.insert(&held{seq: s})
+	}
+	if got := seqs(l); len(got) != 4 || got[0] != 3 || got[1] != 5 || got[2] != 7 || got[3] != 9 {
+		t.Fatalf("queue %v, want [3 5 7 9]", got)
+	}
+	if l.indexOf(7) != 2 || l.indexOf(4) != -1 {
+		t.Fatalf("indexOf(7) = %d, indexOf(4) = %d", l.indexOf(7), l.indexOf(4))
+	}
+	if h := l.pop(); h.seq != 3 || len(l.queue) != 3 {
+		t.Fatalf("pop = %d, left %v", h.seq, seqs(l))
+	}
+}
+
+func TestLaneWaitsForAnEarlierEventUntilItArrivesOrTheWaitRunsOut(t *testing.T) {
+	clock := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	l := newLane()
+	l.insert(&held{seq: 10})
+	l.waitFor, l.waitUntil = 8, clock.Add(30*time.Second)
+	if !l.blocked() {
+		t.Fatal("a lane waiting for 8 runs 10")
+	}
+	if l.expire(clock.Add(10 * time.Second)) {
+		t.Fatal("the wait ended before its deadline")
+	}
+	l.arrived(8)
+	if l.blocked() {
+		t.Fatal("the awaited event arrived and the lane is still blocked")
+	}
+
+	l.waitFor = 9
+	if !l.expire(clock.Add(31*time.Second)) || l.blocked() {
+		t.Fatal("the wait did not end at its deadline")
+	}
+	l.waitFor = 9
+	l.arrived(12) // a later event does not end the wait
+	if !l.blocked() {
+		t.Fatal("a later arrival ended the wait for an earlier event")
+	}
+}
+
+func ranked(seq, rank uint64) *held {
+	return &held{seq: seq, rank: rank, ranked: true, rankDone: true}
+}
+
+func TestLaneSupersedesTheHeadWithTheNewestVerifiedEvent(t *testing.T) {
+	l := newLane()
+	l.insert(ranked(1, 5))
+	l.insert(ranked(2, 7))
+	l.insert(&held{seq: 3, rankDone: true}) // failed verification: unranked
+	l.insert(ranked(4, 9))
+	l.insert(ranked(5, 6))
+	if w := l.superseded(); w == nil || w.seq != 4 {
+		t.Fatalf("winner %v, want sequence 4 (rank 9)", w)
+	}
+}
+
+func TestLaneTiesGoToTheLaterEvent(t *testing.T) {
+	l := newLane()
+	l.insert(ranked(1, 5))
+	l.insert(ranked(2, 5))
+	if w := l.superseded(); w == nil || w.seq != 2 {
+		t.Fatalf("winner %v, want the later event of the same rank", w)
+	}
+}
+
+func TestLaneUnverifiedEventsSupersedeNothingAndAreNeverSuperseded(t *testing.T) {
+	l := newLane()
+	l.insert(ranked(1, 5))
+	l.insert(&held{seq: 2, rankDone: true}) // a forged huge generation: Rank refused it
+	if w := l.superseded(); w != nil {
+		t.Fatalf("an unverified event superseded the head: %v", w)
+	}
+	u := newLane()
+	u.insert(&held{seq: 1, rankDone: true})
+	u.insert(ranked(2, 9))
+	if w := u.superseded(); w != nil {
+		t.Fatalf("an unverified head was superseded by %v; it must reach the handler to be refused", w)
+	}
+}
+
+func TestLaneOlderRankBehindTheHeadDoesNotSupersedeIt(t *testing.T) {
+	l := newLane()
+	l.insert(ranked(1, 9))
+	l.insert(ranked(2, 3))
+	if w := l.superseded(); w != nil {
+		t.Fatalf("an older version superseded a newer head: %v", w)
+	}
+	if got := len(l.unranked()); got != 0 {
+		t.Fatalf("%d unranked, want 0", got)
+	}
+	l.insert(&held{seq: 3})
+	if got := l.unranked(); len(got) != 1 || got[0].seq != 3 {
+		t.Fatalf("unranked %v, want [3]", got)
+	}
+}

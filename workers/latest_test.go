@@ -1,0 +1,123 @@
+package workers_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/workertest"
+)
+
+func TestABurstForOneKeyAppliesTheNewestOnce(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	const burst = 1000
+	for v := uint64(1); v <= burst; v++ {
+		publishRotation(t, js, "hive-burst", v)
+	}
+	var mu sync.Mutex
+	var applied []uint64
+	reg := prometheus.NewRegistry()
+	r := workertest.Start(t, js, latestSpec("burst"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		mu.Lock()
+		applied = append(applied, versionOf(t, d))
+		mu.Unlock()
+		return d.Emit(ctx, "applied", nil)
+	}), workers.WithRegisterer(reg))
+	workertest.WaitIdle(t, js, r.ConsumerName())
+
+	mu.Lock()
+	defer mu.Unlock()
+	if len(applied) != 1 || applied[0] != burst {
+		t.Fatalf("applied %v, want only version %d", applied, burst)
+	}
+	got := outcomeTypes(t, js, "burst")
+	if got["superseded"] != burst-1 || got["applied"] != 1 {
+		t.Fatalf("outcomes %v, want %d superseded and 1 applied", got, burst-1)
+	}
+	if n := counter(t, reg, "superseded"); n != burst-1 {
+		t.Fatalf("steward_events_total{result=superseded} = %v, want %d", n, burst-1)
+	}
+	if dls := workertest.DeadLetters(t, js, testWorker, "burst"); len(dls) != 0 {
+		t.Fatalf("%d dead letters, want none", len(dls))
+	}
+}
+
+func TestAnUnverifiableHugeVersionSupersedesNothing(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	publishRotation(t, js, "hive-h", 1)
+	workertest.PublishData(t, js, events.TypeCredentialRotated, "hive-h", events.CredentialRotated{
+		Hive: "hive-h", Version: math.MaxUint64, ClientID: "forged-by-anyone",
+		Secret: "-----BEGIN AGE ENCRYPTED FILE-----\nx\n-----END AGE ENCRYPTED FILE-----\n",
+	})
+	var mu sync.Mutex
+	var applied []uint64
+	r := workertest.Start(t, js, latestSpec("huge"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		var data events.CredentialRotated
+		if err := d.DataAs(&data); err != nil {
+			return err
+		}
+		if data.ClientID == "forged-by-anyone" {
+			if err := d.Emit(ctx, "refused", map[string]string{"reason": "not signed"}); err != nil {
+				return err
+			}
+			return workers.Refused(errors.New("the rotation is not signed by the controller, so nothing was written"))
+		}
+		mu.Lock()
+		applied = append(applied, data.Version)
+		mu.Unlock()
+		return d.Emit(ctx, "applied", nil)
+	}))
+	workertest.WaitIdle(t, js, r.ConsumerName())
+
+	mu.Lock()
+	defer mu.Unlock()
+	if len(applied) != 1 || applied[0] != 1 {
+		t.Fatalf("applied %v, want version 1: a forged version may not supersede it", applied)
+	}
+	got := outcomeTypes(t, js, "huge")
+	if got["superseded"] != 0 || got["refused"] != 1 || got["applied"] != 1 {
+		t.Fatalf("outcomes %v, want 1 applied, 1 refused, none superseded", got)
+	}
+}
+
+func TestARefusalIsAnOutcomeNotADeadLetter(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	reg := prometheus.NewRegistry()
+	rec := newRecorder()
+	r := workertest.Start(t, js, spec("refuse"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		v := versionOf(t, d)
+		rec.record(d.Key, v)
+		if v == 1 {
+			if err := d.Emit(ctx, "refused", map[string]string{"rule": "downgrade"}); err != nil {
+				return err
+			}
+			return workers.Refused(errors.New("version 1 is older than the installed one, so nothing ran"))
+		}
+		return d.Emit(ctx, "applied", nil)
+	}), workers.WithRegisterer(reg))
+	publishRotation(t, js, "hive-r", 1)
+	publishRotation(t, js, "hive-r", 2)
+	workertest.WaitIdle(t, js, r.ConsumerName())
+
+	if dls := workertest.DeadLetters(t, js, testWorker, "refuse"); len(dls) != 0 {
+		t.Fatalf("a refusal was dead-lettered: %+v", dls[0].Reason)
+	}
+	if rec.count(1) != 1 || rec.count(2) != 1 {
+		t.Fatalf("handled v1 %d and v2 %d times, want once each", rec.count(1), rec.count(2))
+	}
+	if got := counter(t, reg, "refused"); got != 1 {
+		t.Fatalf("steward_events_total{result=refused} = %v, want 1", got)
+	}
+	if got := outcomeTypes(t, js, "refuse"); got["refused"] != 1 || got["applied"] != 1 {
+		t.Fatalf("outcomes %v", got)
+	}
+}

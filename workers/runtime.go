@@ -1,0 +1,234 @@
+package workers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/publisher"
+)
+
+// Worker is the runtime of one worker instance: it runs one Handler over
+// one durable consumer. The files of this package each hold one part of
+// it: consume.go pulls and accepts, lane.go is the per-key queue,
+// dispatch.go runs lanes, apply.go runs one delivery, order.go guards the
+// key's order across processes, settle.go acks, retries, supersedes and
+// dead-letters, checkpoint.go keeps progress, heartbeat.go keeps held
+// messages alive and status.go publishes what is retrying.
+type Worker struct {
+	js       jetstream.JetStream
+	spec     Spec
+	handler  Handler
+	o        options
+	kv       jetstream.KeyValue
+	stream   jetstream.Stream
+	consumer jetstream.Consumer
+	state    *State
+	log      zerolog.Logger
+	m        *instanceMetrics
+
+	running  atomic.Bool
+	stopping atomic.Bool
+	// stop is closed when the worker starts shutting down, so lanes
+	// waiting for a retry give their events back at once.
+	stop chan struct{}
+
+	mu    sync.Mutex
+	lanes map[string]*lane
+	// held is every message the worker holds (queued, waiting or running),
+	// by stream sequence, so a redelivery of one is recognised at once.
+	held map[uint64]*held
+	// cps caches the checkpoint each lane last read or wrote, so an
+	// event that follows another of its key costs no read (checkpoint.go).
+	cps cpCache
+
+	// lastConsumerSeq and epoch detect deliveries this process did not
+	// get: a gap in the consumer sequence means another process (or a
+	// lost pull) took events, so cached checkpoints and the order may be
+	// stale and are checked again (order.go).
+	lastConsumerSeq uint64
+	epoch           atomic.Uint64
+
+	// lastStatus is the status document last written (without its time).
+	lastStatus []byte
+
+	sem   chan struct{}
+	tasks sync.WaitGroup
+	// acks tracks confirmations still in flight, waited for at shutdown.
+	acks sync.WaitGroup
+	// handlerCtx outlives the Run context by the shutdown grace, so
+	// in-flight handlers finish what they started.
+	handlerCtx context.Context
+}
+
+// held is a message the worker holds: queued behind its key, waiting for a
+// retry, or running.
+type held struct {
+	msg       jetstream.Msg
+	event     event.Event
+	key       string // the order key, as handlers see it
+	lane      string // what orders and checkpoints it (laneOf)
+	seq       uint64
+	delivered uint64
+	received  time.Time
+	// attempts counts the handler's failures in this process; panics
+	// counts those that were panics (bounded by WithMaxPanics).
+	attempts     uint64
+	panics       int
+	backoff      backoff.BackOff
+	retryAt      time.Time
+	firstFailure time.Time
+	lastError    string
+	// deadReason, when set, sends the event to the DLQ in its turn.
+	deadReason error
+	// deferredSince is when the event was first found waiting behind an
+	// earlier event of its key that another process holds.
+	deferredSince time.Time
+	// rank is the event's place in its key's order under a latest-wins
+	// Spec, valid when ranked; rankDone says Rank was asked.
+	rank     uint64
+	ranked   bool
+	rankDone bool
+	// checkedAt is one more than the attempt count at which the stream
+	// was last asked for a newer event of the key (newerStored).
+	checkedAt uint64
+}
+
+// New checks spec, ensures the streams, the checkpoint bucket and the
+// worker's durable consumer (idempotently), and returns a Worker ready to
+// Run.
+func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts ...Option) (*Worker, error) {
+	o := defaultOptions()
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := checkSpec(spec, o); err != nil {
+		return nil, err
+	}
+	if o.heartbeat <= 0 {
+		o.heartbeat = o.ackWait / 3
+	}
+	if o.maxAckPending <= 0 {
+		o.maxAckPending = 16 * o.concurrency
+	}
+	if spec.OutcomeNoun == "" {
+		spec.OutcomeNoun = spec.Name
+	}
+	if spec.OrderKey == nil {
+		spec.OrderKey = func(e event.Event) string { return e.Subject() }
+	}
+	w := &Worker{
+		js: js, spec: spec, handler: h, o: o,
+		lanes: map[string]*lane{},
+		held:  map[uint64]*held{},
+		cps:   newCPCache(cpCacheSize),
+		sem:   make(chan struct{}, o.concurrency),
+		stop:  make(chan struct{}),
+		m:     newMetrics(o.registerer).forInstance(spec.Name, spec.Instance),
+	}
+	w.log = o.logger.With().Str("worker", spec.Name).Str("instance", spec.Instance).Logger()
+
+	sc := publisher.DefaultStreamConfig()
+	sc.Replicas = o.replicas
+	if err := publisher.EnsureStreams(ctx, js, sc); err != nil {
+		return nil, err
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      CheckpointBucket,
+		Description: "Steward workers' checkpoints and state",
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(o.replicas, 1),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ensure KV bucket %s: %w", CheckpointBucket, err)
+	}
+	w.kv = kv
+	w.state = &State{kv: kv, prefix: "st." + spec.Name + "." + spec.Instance + "."}
+	if w.stream, err = js.Stream(ctx, publisher.StreamEvents); err != nil {
+		return nil, fmt.Errorf("stream %s: %w", publisher.StreamEvents, err)
+	}
+	w.consumer, err = js.CreateOrUpdateConsumer(ctx, publisher.StreamEvents, jetstream.ConsumerConfig{
+		Durable:        w.consumerName(),
+		Description:    "Steward " + spec.Name + " worker for " + spec.Instance,
+		FilterSubjects: spec.Subjects,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        o.ackWait,
+		// Unlimited: the server never gives up on desired state. The
+		// runtime retries failures in process, and bounds only deliveries
+		// that never settle (WithMaxDeliver), a crash loop.
+		MaxDeliver:    -1,
+		MaxAckPending: o.maxAckPending,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ensure consumer %s: %w", w.consumerName(), err)
+	}
+	return w, nil
+}
+
+// ErrInvalidSpec marks a Spec or options New refuses: no retry fixes it.
+var ErrInvalidSpec = errors.New("invalid worker spec")
+
+func checkSpec(spec Spec, o options) error {
+	if err := events.CheckKey(spec.Name); err != nil {
+		return fmt.Errorf("%w: worker name: %v", ErrInvalidSpec, err)
+	}
+	if err := events.CheckKey(spec.Instance); err != nil {
+		return fmt.Errorf("%w: worker %s instance: %v", ErrInvalidSpec, spec.Name, err)
+	}
+	if spec.OutcomeNoun != "" && events.CheckKey(spec.OutcomeNoun) != nil {
+		return fmt.Errorf("%w: worker %s outcome noun %q is not a key", ErrInvalidSpec, spec.Name, spec.OutcomeNoun)
+	}
+	if len(spec.Subjects) == 0 {
+		return fmt.Errorf("%w: worker %s has no subjects to consume", ErrInvalidSpec, spec.Name)
+	}
+	if len(spec.Types) == 0 {
+		return fmt.Errorf("%w: worker %s has no event types to handle", ErrInvalidSpec, spec.Name)
+	}
+	if o.ackWait < 100*time.Millisecond || o.maxDeliver < 1 || o.concurrency < 1 || o.maxPanics < 1 {
+		return fmt.Errorf("%w: worker %s: ack wait %v, max deliver %d, concurrency %d and max panics %d must be at least 100ms, 1, 1 and 1",
+			ErrInvalidSpec, spec.Name, o.ackWait, o.maxDeliver, o.concurrency, o.maxPanics)
+	}
+	return nil
+}
+
+func (w *Worker) consumerName() string { return w.spec.Name + "-" + w.spec.Instance }
+
+func (w *Worker) outcomeSubject() string {
+	return events.OutcomesPrefix + "." + w.spec.Name + "." + w.spec.Instance
+}
+
+func (w *Worker) dlqSubject() string {
+	return events.DLQPrefix + "." + w.spec.Name + "." + w.spec.Instance
+}
+
+func (w *Worker) now() time.Time { return w.o.now() }
+
+// Spec returns what the worker consumes.
+func (w *Worker) Spec() Spec { return w.spec }
+
+// ConsumerName is the durable consumer's name, "<name>-<instance>".
+func (w *Worker) ConsumerName() string { return w.consumerName() }
+
+// State is the worker instance's durable state.
+func (w *Worker) State() *State { return w.state }
+
+// Ready reports nil while the worker is consuming and connected.
+func (w *Worker) Ready() error {
+	if !w.running.Load() || w.stopping.Load() {
+		return fmt.Errorf("worker %s is not consuming", w.consumerName())
+	}
+	if nc := w.js.Conn(); nc != nil && !nc.IsConnected() {
+		return fmt.Errorf("worker %s: NATS is %s", w.consumerName(), nc.Status())
+	}
+	return nil
+}

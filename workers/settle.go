@@ -1,0 +1,163 @@
+package workers
+
+import (
+	"context"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/steward-dev/steward/publisher"
+)
+
+// Headers a dead letter carries besides the original event's.
+const (
+	HeaderError     = "Steward-Error"
+	HeaderWorker    = "Steward-Worker"
+	HeaderStreamSeq = "Steward-Stream-Seq"
+	HeaderDelivered = "Steward-Deliveries"
+	HeaderSubject   = "Steward-Subject"
+)
+
+// ack confirms a settled event. The checkpoint already says it is settled,
+// so the lane goes on at once and the confirmation completes on its own: a
+// lost ack only means a redelivery, which the checkpoint skips.
+func (w *Worker) ack(h *held, result string, log zerolog.Logger) {
+	w.m.count(result)
+	w.acks.Add(1)
+	go func() {
+		defer w.acks.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := h.msg.DoubleAck(ctx); err != nil {
+			log.Warn().Err(err).Msg("ack not confirmed; a redelivery will be skipped by the checkpoint")
+			return
+		}
+		if w.o.onSettled != nil {
+			w.o.onSettled(Settlement{Event: h.event, Sequence: h.seq, Result: result, Received: h.received, Settled: w.now()})
+		}
+	}()
+}
+
+// supersede settles h, an event of a latest-wins kind not yet applied,
+// because the event byID at sequence bySeq is newer by the worker's own
+// verified ordering: the checkpoint, an outcome, the ack. It reports false
+// when the checkpoint could not be written, and then h is tried again.
+func (w *Worker) supersede(h *held, byID string, bySeq uint64) bool {
+	ctx := w.handlerCtx
+	log := w.logFor(h)
+	cp, rev, _, err := w.checkpointFor(ctx, h)
+	if err == nil {
+		err = w.markApplied(ctx, h, cp, rev)
+	}
+	if err != nil {
+		log.Warn().Err(err).Msg("a superseded event could not be settled; trying again")
+		return false
+	}
+	d := w.delivery(h, cp, rev, log)
+	if err := d.Emit(ctx, OutcomeSuperseded, Superseded{
+		Key: h.key, EventID: h.event.ID(), Sequence: h.seq,
+		SupersededBy: byID, SupersededBySequence: bySeq,
+		Reason: "superseded by " + byID,
+	}); err != nil {
+		// The checkpoint already settled it: the newer event carries
+		// the key's state, so a missing outcome is logged, not retried.
+		log.Warn().Err(err).Msg("the superseded outcome could not be published")
+	}
+	log.Info().Str("superseded_by", byID).Uint64("superseded_by_seq", bySeq).Msg("event superseded by a newer one of its key")
+	w.ack(h, resultSuperseded, log)
+	return true
+}
+
+// deadLetter publishes the event with its headers and the reason to the
+// DLQ, then terminates it. If the DLQ cannot be written the event is
+// retried instead: nothing is dropped silently.
+func (w *Worker) deadLetter(h *held, reason error, log zerolog.Logger) string {
+	dl := nats.NewMsg(w.dlqSubject())
+	for k, v := range h.msg.Headers() {
+		dl.Header[k] = append([]string(nil), v...)
+	}
+	dl.Header.Set(nats.MsgIdHdr, "dlq-"+w.consumerName()+"-"+strconv.FormatUint(h.seq, 10))
+	msg := elideSecrets(oneLine(reason.Error()))
+	dl.Header.Set(HeaderError, msg)
+	dl.Header.Set(HeaderWorker, w.consumerName())
+	dl.Header.Set(HeaderStreamSeq, strconv.FormatUint(h.seq, 10))
+	dl.Header.Set(HeaderDelivered, strconv.FormatUint(h.delivered, 10))
+	dl.Header.Set(HeaderSubject, h.msg.Subject())
+	dl.Data = h.msg.Data()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.handlerCtx), 10*time.Second)
+	defer cancel()
+	if _, err := w.js.PublishMsg(ctx, dl, jetstream.WithExpectStream(publisher.StreamDLQ)); err != nil {
+		log.Error().Err(err).Msg("the DLQ could not be written; the event is kept and redelivered instead of dropped")
+		return w.nakLater(h, log)
+	}
+	if h.lane != "" {
+		// Settled: later events of its key must not wait for it.
+		cp, rev, _, err := w.checkpointFor(ctx, h)
+		if err == nil {
+			err = w.markApplied(ctx, h, cp, rev)
+		}
+		if err != nil {
+			log.Error().Err(err).Msg("the checkpoint could not record the dead letter; the event is redelivered (the DLQ deduplicates it)")
+			return w.nakLater(h, log)
+		}
+	}
+	if err := h.msg.TermWithReason(truncate(msg, 256)); err != nil {
+		log.Warn().Err(err).Msg("term failed after the event reached the DLQ; a redelivery is deduplicated there")
+	}
+	w.m.count(resultDead)
+	log.Warn().Str("reason", msg).Msg("event sent to the DLQ")
+	return resultDead
+}
+
+// nakLater hands an event that could not be settled back to the server for
+// a redelivery after a delay, so a DLQ or bucket that is down is not
+// hammered.
+func (w *Worker) nakLater(h *held, log zerolog.Logger) string {
+	if err := h.msg.NakWithDelay(w.o.ackWait); err != nil {
+		log.Warn().Err(err).Msg("nak failed; the event is redelivered after AckWait")
+	}
+	w.m.count(resultRetried)
+	return resultRetried
+}
+
+// oneLine keeps a reason on one header line and within a readable size.
+func oneLine(s string) string {
+	return truncate(strings.Join(strings.Fields(s), " "), 2000)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// armored matches an age (or any PEM-style) armored block, which is how a
+// secret travels on the bus: it never belongs in a log or a status line.
+var armored = regexp.MustCompile(`-----BEGIN [A-Z0-9 ]+-----.*?-----END [A-Z0-9 ]+-----`)
+
+// elideSecrets removes armored blocks from text that is about to be logged,
+// stored in a status document or put in a dead letter's reason.
+func elideSecrets(s string) string {
+	if !strings.Contains(s, "-----BEGIN ") {
+		return s
+	}
+	return armored.ReplaceAllString(s, "[armored block elided]")
+}
+
+// Settlement is what WithSettledHook reports once an event's ack is
+// confirmed: the event, how it was settled, when this process received it
+// and when the confirmation came back.
+type Settlement struct {
+	Event    event.Event
+	Sequence uint64
+	Result   string
+	Received time.Time
+	Settled  time.Time
+}
