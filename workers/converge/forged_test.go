@@ -1,0 +1,295 @@
+package converge
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/signing"
+	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/workertest"
+)
+
+// The attacks of issue 12, finding 1: whoever can write
+// $KV.STEWARD_CHECKPOINTS.> writes stages and installed-version documents.
+// Stored state is a cache, never proof, so none of these may run an image
+// nobody signed, record a version nobody installed, or allow a downgrade.
+
+// laneKey is the runtime's checkpoint key of converge's one lane per
+// install (kind release-published, order key the install).
+const laneKey = "cp." + Name + "." + testInstall + ".release-published." + testInstall
+
+// forgeStage writes stage as the checkpointed stage of the event at seq,
+// exactly what an attacker with write access to the bucket can do.
+func forgeStage(t *testing.T, js jetstream.JetStream, seq uint64, stage any) {
+	t.Helper()
+	ctx := context.Background()
+	kv, err := js.KeyValue(ctx, workers.CheckpointBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := json.Marshal(map[string]any{"stageSeq": seq, "stage": stage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, laneKey, raw); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ranLog is what the exec runner's command saw, one "version image" line a
+// run.
+func ranLog(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// A forged stage at every stage the worker writes, naming an image nobody
+// signed (with the issue's 99.0.0, with the event's own version, and with
+// evidence signed by another key), is refused: the image never runs and
+// nothing is recorded. On the old code each of these ran evil or recorded
+// 99.0.0.
+func TestForgedStageNeverRunsUnsignedImage(t *testing.T) {
+	key := newKeyPair(t, signing.P256)
+	other := newKeyPair(t, signing.P256)
+	reg := t.TempDir()
+	writeRelease(t, reg, key, manifest("1.1.0", "1.0.0"))
+	evil := image("evil")
+	// Evidence an attacker can make: a manifest naming evil, signed by a
+	// key that is not the release key.
+	otherReg := t.TempDir()
+	forged := manifest("1.1.0", "1.0.0")
+	forged.OpsImage = evil
+	writeRelease(t, otherReg, other, forged)
+	otherEvidence, err := dirRegistry{root: otherReg}.fetch(context.Background(), "1.1.0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	okSum := func() string {
+		e, err := dirRegistry{root: reg}.fetch(context.Background(), "1.1.0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, d, err := verifyEvidence(mustKey(t, key), "", "1.1.0", e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}()
+
+	type variant struct {
+		name     string
+		version  string
+		digest   string
+		evidence *Evidence
+		want     string
+	}
+	variants := []variant{
+		{"issue's 99.0.0", "99.0.0", okSum, nil, `is for version "99.0.0", not the event's`},
+		{"event's version, unsigned image", "1.1.0", okSum, nil, `names image "` + evil + `" but the signed manifest of 1.1.0 names "` + image("1.1.0") + `"`},
+		{"evidence by another key", "1.1.0", "", &otherEvidence, "carries no manifest that verifies (signature:"},
+	}
+	for _, st := range []string{stageVerified, stageJobEnsured, stageRunning, stageDone} {
+		for _, v := range variants {
+			t.Run(st+"/"+v.name, func(t *testing.T) {
+				ran := filepath.Join(t.TempDir(), "ran")
+				srv := workertest.StartServer(t)
+				js := srv.JetStream(t)
+				cfg := execConfig(t, reg, key, `echo "$STEWARD_TARGET_VERSION $STEWARD_IMAGE" >> `+ran)
+				// A first run creates the bucket and consumer, then stops,
+				// so the event waits while its stage is forged.
+				_, r := startWorker(t, js, cfg)
+				if err := r.Stop(); err != nil {
+					t.Fatal(err)
+				}
+				ack := workertest.PublishData(t, js, events.TypeReleasePublished, "1.1.0", events.ReleasePublished{Version: "1.1.0"})
+				forgeStage(t, js, ack.Sequence, stage{
+					Stage: st, Version: v.version, From: "1.0.0", Image: evil, ManifestDigest: v.digest,
+					Marker: "m", Execution: "exec-1-forged", Result: &result{Succeeded: true, Condition: "forged"}, Evidence: v.evidence,
+				})
+				_, r = startWorker(t, js, cfg)
+				got := waitOutcomes(t, js, 1)
+				ref := outcomeData[Refused](t, got[0], OutcomeRefused)
+				if ref.Rule != ruleCheckpoint || !strings.Contains(ref.Reason, v.want) || !strings.Contains(ref.Reason, "nothing ran") {
+					t.Fatalf("refused %+v, want rule %s saying %q", ref, ruleCheckpoint, v.want)
+				}
+				noDeadLetters(t, js, r)
+				if log := ranLog(t, ran); log != "" {
+					t.Fatalf("the ops job ran: %q", log)
+				}
+				if got := recorded(t, r); got != "" {
+					t.Fatalf("a forged stage recorded installed version %q", got)
+				}
+			})
+		}
+	}
+}
+
+// A stage forged with the real signed manifest but another starting point
+// (claiming 1.1.0 converges from 0.9.0 while 1.0.0 is installed) is
+// refused; so is a legitimate stage whose installed-version document was
+// deleted, since --installed-version only seeds a first start.
+func TestForgedStageStartingPointAndMissingInstalledDoc(t *testing.T) {
+	key := newKeyPair(t, signing.P256)
+	reg := t.TempDir()
+	writeRelease(t, reg, key, manifest("1.1.0", "0.1.0"))
+	good, err := dirRegistry{root: reg}.fetch(context.Background(), "1.1.0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, digest, err := verifyEvidence(mustKey(t, key), "", "1.1.0", good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, from string
+		seed       bool
+		want       string
+	}{
+		{"another starting point", "0.9.0", true, `converges from "0.9.0" but the verified installed version is "1.0.0"`},
+		{"installed document deleted", "1.0.0", false, "installed-version document of shop is missing although this release has a checkpointed stage"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ran := filepath.Join(t.TempDir(), "ran")
+			srv := workertest.StartServer(t)
+			js := srv.JetStream(t)
+			cfg := execConfig(t, reg, key, `echo "$STEWARD_TARGET_VERSION $STEWARD_IMAGE" >> `+ran)
+			_, r := startWorker(t, js, cfg)
+			if c.seed {
+				if _, err := r.State().Put(context.Background(), InstalledDoc, Installed{Version: "1.0.0", Seed: true}, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := r.Stop(); err != nil {
+				t.Fatal(err)
+			}
+			ack := workertest.PublishData(t, js, events.TypeReleasePublished, "1.1.0", events.ReleasePublished{Version: "1.1.0"})
+			forgeStage(t, js, ack.Sequence, stage{Stage: stageVerified, Version: "1.1.0", From: c.from, Image: image("1.1.0"), ManifestDigest: digest, Evidence: &good})
+			_, r = startWorker(t, js, cfg)
+			got := waitOutcomes(t, js, 1)
+			ref := outcomeData[Refused](t, got[0], OutcomeRefused)
+			if !strings.Contains(ref.Reason, c.want) || !strings.Contains(ref.Reason, "nothing ran") {
+				t.Fatalf("refused %+v, want %q", ref, c.want)
+			}
+			noDeadLetters(t, js, r)
+			if log := ranLog(t, ran); log != "" {
+				t.Fatalf("the ops job ran: %q", log)
+			}
+		})
+	}
+}
+
+// After a real converge to 1.1.0, an installed-version document forged low
+// (0.5.0, which no signed release backs) never allows the downgrade to
+// 1.0.5: not as a bare document as older workers wrote them, not with
+// evidence signed by another key, and not as a seed that differs from
+// --installed-version. On the old code each one let 1.0.5 run.
+func TestForgedInstalledDocCannotDowngrade(t *testing.T) {
+	key := newKeyPair(t, signing.P256)
+	other := newKeyPair(t, signing.P256)
+	reg := t.TempDir()
+	writeRelease(t, reg, key, manifest("1.1.0", "1.0.0"))
+	writeRelease(t, reg, key, manifest("1.0.5", "0.1.0"))
+	otherReg := t.TempDir()
+	writeRelease(t, otherReg, other, manifest("0.5.0", "0.1.0"))
+	otherEvidence, err := dirRegistry{root: otherReg}.fetch(context.Background(), "0.5.0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		doc  any
+		want string
+	}{
+		{"bare document", map[string]any{"version": "0.5.0", "updatedAt": "2026-03-01T12:00:00Z"}, "records 0.5.0 without signed evidence and the registry has no verifiable release 0.5.0"},
+		{"evidence by another key", Installed{Version: "0.5.0", Evidence: &otherEvidence}, "records 0.5.0 but its evidence does not verify (signature:"},
+		{"seed unlike --installed-version", Installed{Version: "0.5.0", Seed: true}, `is a seed for 0.5.0 carrying no signed evidence, and --installed-version is "1.0.0"`},
+		{"not JSON of a document", map[string]any{"version": 7}, "is not readable"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ran := filepath.Join(t.TempDir(), "ran")
+			srv := workertest.StartServer(t)
+			js := srv.JetStream(t)
+			_, r := startWorker(t, js, execConfig(t, reg, key, `echo "$STEWARD_TARGET_VERSION" >> `+ran))
+			publishRelease(t, js, "1.1.0", "")
+			outcomeData[Succeeded](t, waitOutcomes(t, js, 1)[0], OutcomeSucceeded)
+			workertest.WaitIdle(t, js, r.ConsumerName())
+			var doc Installed
+			rev, err := r.State().Get(context.Background(), InstalledDoc, &doc)
+			if err != nil || doc.Evidence == nil || doc.Version != "1.1.0" {
+				t.Fatalf("recorded %+v (%v), want 1.1.0 with its evidence", doc, err)
+			}
+			if _, err := r.State().Put(context.Background(), InstalledDoc, c.doc, rev); err != nil {
+				t.Fatal(err)
+			}
+			publishRelease(t, js, "1.0.5", "")
+			got := waitOutcomes(t, js, 2)
+			ref := outcomeData[Refused](t, got[1], OutcomeRefused)
+			if ref.Rule != ruleInstalledUnverified || !strings.Contains(ref.Reason, c.want) || !strings.Contains(ref.Reason, "nats kv del STEWARD_CHECKPOINTS st.converge.shop.installed") {
+				t.Fatalf("refused %+v, want rule %s saying %q and how to re-seed", ref, ruleInstalledUnverified, c.want)
+			}
+			noDeadLetters(t, js, r)
+			if log := ranLog(t, ran); log != "1.1.0\n" {
+				t.Fatalf("the ops job ran for %q, want 1.1.0 only", log)
+			}
+		})
+	}
+}
+
+// A document the previous worker wrote (no evidence, no seed mark) is still
+// read when the registry holds its signed release, and the next converge
+// records it with evidence: the upgrade path needs no re-seed. Its stage,
+// saved without evidence, resumes after being verified from the registry.
+func TestLegacyStateIsVerifiedFromTheRegistry(t *testing.T) {
+	key := newKeyPair(t, signing.P256)
+	reg := t.TempDir()
+	writeRelease(t, reg, key, manifest("1.1.0", "1.0.0"))
+	writeRelease(t, reg, key, manifest("1.2.0", "1.1.0"))
+	good, err := dirRegistry{root: reg}.fetch(context.Background(), "1.2.0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, digest, err := verifyEvidence(mustKey(t, key), "", "1.2.0", good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := filepath.Join(t.TempDir(), "ran")
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	cfg := execConfig(t, reg, key, `echo "$STEWARD_TARGET_VERSION $STEWARD_IMAGE" >> `+ran)
+	_, r := startWorker(t, js, cfg)
+	legacy := map[string]any{"version": "1.1.0", "from": "1.0.0", "execution": "exec-1-1", "eventId": "old", "updatedAt": "2026-03-01T12:00:00Z"}
+	if _, err := r.State().Put(context.Background(), InstalledDoc, legacy, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	ack := workertest.PublishData(t, js, events.TypeReleasePublished, "1.2.0", events.ReleasePublished{Version: "1.2.0"})
+	forgeStage(t, js, ack.Sequence, map[string]any{"stage": stageVerified, "version": "1.2.0", "from": "1.1.0", "image": image("1.2.0"), "manifestDigest": digest})
+	_, r = startWorker(t, js, cfg)
+	s := outcomeData[Succeeded](t, waitOutcomes(t, js, 1)[0], OutcomeSucceeded)
+	if s.From != "1.1.0" || s.To != "1.2.0" {
+		t.Fatalf("succeeded %+v", s)
+	}
+	if log := ranLog(t, ran); log != "1.2.0 "+image("1.2.0")+"\n" {
+		t.Fatalf("ran %q", log)
+	}
+	var doc Installed
+	if _, err := r.State().Get(context.Background(), InstalledDoc, &doc); err != nil || doc.Version != "1.2.0" || doc.Evidence == nil {
+		t.Fatalf("recorded %+v (%v), want 1.2.0 with evidence", doc, err)
+	}
+	if _, _, err := verifyEvidence(mustKey(t, key), "", "1.2.0", *doc.Evidence); err != nil {
+		t.Fatalf("recorded evidence does not verify: %v", err)
+	}
+}
