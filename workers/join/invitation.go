@@ -3,7 +3,6 @@ package join
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -96,9 +95,11 @@ type armStage struct {
 }
 
 // handleInvitation arms the guard for a verified invitation. The order of
-// the checks is the contract's: already armed; then the signature, v, the
-// deployment, the box, the enrollment (and issuedAt, which orders
-// invitations); the identity record's SHA-256; its instance; a held floor.
+// the checks is the contract's: the signature, v, the deployment, the box,
+// the enrollment and issuedAt (which orders invitations, so it may not be
+// ahead of this box's clock by more than MaxClockSkew); then already armed;
+// the order of invitations; the identity record's SHA-256; its instance; a
+// held floor. Nothing read from the payload is used before it verifies.
 func (w *Worker) handleInvitation(ctx context.Context, d *workers.Delivery) error {
 	var data events.InvitationWritten
 	if err := d.DataAs(&data); err != nil {
@@ -108,32 +109,34 @@ func (w *Worker) handleInvitation(ctx context.Context, d *workers.Delivery) erro
 		return w.refuse(ctx, d, data.Box, "addressed", fmt.Sprintf("the event is addressed to box %q, not this box %q (its consumer filter should never deliver it here)", data.Box, w.cfg.Box))
 	}
 
+	// Nothing the payload says is used before it verifies: not the
+	// enrollment the armed check compares, not a saved stage.
+	inv, rule, reason := w.verifyInvitation(data.Envelope)
+	if rule != "" {
+		return w.refuse(ctx, d, w.cfg.Box, rule, reason)
+	}
+
 	var st armStage
 	resumed, err := d.LoadStage(&st)
 	if err != nil {
 		return err
 	}
-	if resumed && st.Step == stepFilesWritten {
+	// A stage is state too: it is used only for the enrollment this
+	// event's verified invitation names; any other is started over.
+	if resumed && st.Step == stepFilesWritten && st.Enrollment == inv.Enrollment {
 		d.Log.Info().Str("enrollment", st.Enrollment).Msg("policy and enrollment were written by an earlier delivery; running the arm command")
 		return w.arm(ctx, d, st)
 	}
 
-	// The armed check reads the payload before it is verified: it changes
-	// nothing and reports only what the marker, a fact on this box, says.
-	if claimed, ok := peekInvitation(data.Envelope); ok {
-		marker, exists, err := readEnrollmentFile(w.cfg.ArmedMarker)
-		if err != nil {
-			return fmt.Errorf("the armed marker of box %s (event %s): %w; retried, since an unreadable marker is not proof the box is unarmed", w.cfg.Box, d.Event.ID(), err)
-		}
-		if exists && marker.Box == w.cfg.Box && marker.Enrollment == claimed.Enrollment {
-			d.Log.Info().Str("enrollment", marker.Enrollment).Msg("box is already armed for this enrollment; nothing written")
-			return d.Emit(ctx, OutcomeArmedAlready, map[string]string{"box": w.cfg.Box, "enrollment": marker.Enrollment})
-		}
+	// The armed check changes nothing and reports only what the marker, a
+	// fact on this box, says about the verified enrollment.
+	marker, exists, err := readEnrollmentFile(w.cfg.ArmedMarker)
+	if err != nil {
+		return fmt.Errorf("the armed marker of box %s (event %s): %w; retried, since an unreadable marker is not proof the box is unarmed", w.cfg.Box, d.Event.ID(), err)
 	}
-
-	inv, rule, reason := w.verifyInvitation(data.Envelope)
-	if rule != "" {
-		return w.refuse(ctx, d, w.cfg.Box, rule, reason)
+	if exists && marker.Box == w.cfg.Box && marker.Enrollment == inv.Enrollment {
+		d.Log.Info().Str("enrollment", marker.Enrollment).Msg("box is already armed for this enrollment; nothing written")
+		return d.Emit(ctx, OutcomeArmedAlready, map[string]string{"box": w.cfg.Box, "enrollment": marker.Enrollment})
 	}
 
 	acc, accRev, untrusted, err := w.readAccepted(ctx, d)
@@ -211,21 +214,6 @@ func (w *Worker) handleInvitation(ctx context.Context, d *workers.Delivery) erro
 	return w.arm(ctx, d, st)
 }
 
-// peekInvitation decodes an envelope's payload without verifying it.
-func peekInvitation(env dsse.Envelope) (events.Invitation, bool) {
-	var inv events.Invitation
-	raw, err := base64.StdEncoding.DecodeString(env.Payload)
-	if err != nil {
-		if raw, err = base64.URLEncoding.DecodeString(env.Payload); err != nil {
-			return inv, false
-		}
-	}
-	if json.Unmarshal(raw, &inv) != nil || inv.Enrollment == "" {
-		return inv, false
-	}
-	return inv, true
-}
-
 // verifyInvitation checks the envelope and its payload against this box; a
 // non-empty rule names the first check that failed.
 func (w *Worker) verifyInvitation(env dsse.Envelope) (events.Invitation, string, string) {
@@ -257,8 +245,16 @@ func (w *Worker) verifyInvitation(env dsse.Envelope) (events.Invitation, string,
 	if reason := checkEnrollment(inv.Enrollment); reason != "" {
 		return inv, "enrollment", reason
 	}
-	if _, err := time.Parse(time.RFC3339Nano, inv.IssuedAt); err != nil {
+	at, err := time.Parse(time.RFC3339Nano, inv.IssuedAt)
+	if err != nil {
 		return inv, "issuedAt", fmt.Sprintf("its issuedAt %.40q is not an RFC 3339 time, so it cannot be ordered against other invitations", inv.IssuedAt)
+	}
+	// Invitations are ordered by issuedAt, so one signed with a time far
+	// ahead would supersede every later invitation until that time came.
+	now := w.now()
+	if ahead := at.Sub(now); ahead > w.cfg.MaxClockSkew {
+		return inv, "issuedAt", fmt.Sprintf("its issuedAt %s is %s ahead of this box's clock (%s), beyond the %s allowed (--max-clock-skew); an invitation from the future would supersede every later one, so the clock that signed it (or this box's) must be put right and the invitation issued again",
+			inv.IssuedAt, ahead.Round(time.Second), now.UTC().Format(time.RFC3339), w.cfg.MaxClockSkew)
 	}
 	return inv, "", ""
 }

@@ -13,8 +13,9 @@
 //     floor-accepted, floor-kept (not newer) and floor-refused (a policy
 //     refusal: settled with its outcome, never a dead letter). Another
 //     deployment's floor is acknowledged and logged.
-//   - dev.steward.invitation.written.v1 for this box: armed-already when the
-//     marker names this box and enrollment; otherwise verified, then
+//   - dev.steward.invitation.written.v1 for this box: verified first
+//     (nothing its payload says is used before); armed-already when the
+//     marker names this box and the verified enrollment; otherwise
 //     <opt>/system/join/enrollment.json and policy.json are written durably
 //     and the arm command runs; the outcome is armed. A refusal is the
 //     outcome refused with the rule that failed, and the event is settled
@@ -22,7 +23,9 @@
 //     refused again. Invitations are ordered by their signed issuedAt
 //     (state "invitation"): one older than the newest accepted, for another
 //     enrollment, is superseded (a refusal too) and changes nothing. A
-//     newer invitation for another enrollment re-arms the box.
+//     newer invitation for another enrollment re-arms the box. One issued
+//     further ahead of this box's clock than MaxClockSkew is refused, since
+//     it would supersede every later invitation until its time came.
 //
 // Stored state is a cache, never proof (DESIGN §2): the kept floor and the
 // newest accepted invitation are kept as the DSSE envelopes received, and
@@ -106,6 +109,24 @@ type Config struct {
 	// ArmedMarker is the file the arm command writes once armed; its
 	// content is the enrollment JSON.
 	ArmedMarker string
+	// MaxClockSkew is how far an invitation's signed issuedAt may be ahead
+	// of this box's clock (0: DefaultMaxClockSkew). Invitations are ordered
+	// by issuedAt, so one from further ahead would supersede every later
+	// invitation until its time came; it is refused instead.
+	MaxClockSkew time.Duration
+}
+
+// DefaultMaxClockSkew bounds how far ahead of this box's clock a signed
+// issuedAt may be: clocks kept by NTP agree within seconds, and five
+// minutes leaves room for one that drifted without opening a real window.
+const DefaultMaxClockSkew = 5 * time.Minute
+
+// orDefault is d, or def when d is zero (unset).
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
 }
 
 // AddFlags registers the settings as flags named like their STEWARD_*
@@ -121,6 +142,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.OptDir, "opt-dir", c.OptDir, "absolute folder under which system/join/policy.json and enrollment.json are written")
 	fs.StringVar(&c.ArmCommand, "arm-command", c.ArmCommand, "program run as <cmd> -policy P -identity I -enrollment E to arm the host guard")
 	fs.StringVar(&c.ArmedMarker, "armed-marker", c.ArmedMarker, "file the arm command writes once the guard is armed")
+	fs.DurationVar(&c.MaxClockSkew, "max-clock-skew", orDefault(c.MaxClockSkew, DefaultMaxClockSkew), "how far an invitation's signed issuedAt may be ahead of this box's clock; one further ahead is refused, since it would supersede every later invitation")
 }
 
 // Worker is the join worker of one box.
@@ -130,6 +152,9 @@ type Worker struct {
 	releaseKey ed25519.PublicKey
 	armPath    string
 	http       *http.Client
+	// now is the box's clock, which an invitation's issuedAt is checked
+	// against.
+	now func() time.Time
 }
 
 // New checks cfg and loads the two public keys.
@@ -176,12 +201,17 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.ArmedMarker == "" {
 		return nil, errors.New("--armed-marker: required: the file the arm command writes once armed")
 	}
+	if cfg.MaxClockSkew < 0 {
+		return nil, fmt.Errorf("--max-clock-skew: %s is negative; it is how far ahead of this box's clock an invitation's issuedAt may be", cfg.MaxClockSkew)
+	}
+	cfg.MaxClockSkew = orDefault(cfg.MaxClockSkew, DefaultMaxClockSkew)
 	return &Worker{
 		cfg:        cfg,
 		consoleKey: consoleKey,
 		releaseKey: releaseKey,
 		armPath:    armPath,
 		http:       &http.Client{Timeout: 5 * time.Second},
+		now:        time.Now,
 	}, nil
 }
 

@@ -169,9 +169,15 @@ func forgedOrders(t *testing.T, f *fixture) map[string]any {
 		}
 		return doc
 	}
+	// A real console signature over a time a day ahead: an invitation the
+	// worker would have refused, copied into the bucket.
+	ahead := future
+	ahead.IssuedAt = time.Now().Add(24 * time.Hour).UTC().Format(time.RFC3339)
+	consoles := f.sign(ahead)
 	return map[string]any{
-		"written without evidence": copyOf(nil),
-		"signed by another key":    copyOf(&strangers.Envelope),
+		"written without evidence":               copyOf(nil),
+		"signed by another key":                  copyOf(&strangers.Envelope),
+		"signed by the console, from the future": copyOf(&consoles.Envelope),
 	}
 }
 
