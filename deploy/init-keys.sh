@@ -5,7 +5,10 @@
 #
 #   console.key/.pub   ed25519: the console signs invitations (join)
 #   release.key/.pub   ed25519: the release pipeline signs host floors (join)
-#   cosign.key/.pub    ECDSA P-256: the release pipeline signs manifests (converge)
+#   cosign.key/.pub    ECDSA P-256: the release pipeline signs manifests (converge);
+#                      cosign.key is in cosign's own encrypted format (sealed with
+#                      $COSIGN_PASSWORD, empty if unset), so `cosign sign-blob --key`
+#                      takes it as it is
 #   hive.key/.pub      age: the credential worker's hive identity and recipient
 #   machine.key/.pub   age: the provision worker's machine identity and recipient
 #   ingress-token      the bearer token of the HTTP ingress (steward serve)

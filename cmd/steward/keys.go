@@ -12,6 +12,7 @@ import (
 	"github.com/steward-dev/steward/internal/agekey"
 	"github.com/steward-dev/steward/internal/atomicfile"
 	"github.com/steward-dev/steward/internal/signing"
+	"github.com/steward-dev/steward/workers/converge"
 )
 
 // keyAge is the age identity kind of `steward keys`; the two signing kinds
@@ -37,7 +38,11 @@ func newKeysCmd(g *globals) *cobra.Command {
   ed25519     signs DSSE envelopes (invitations, host floors); PEM PKCS#8 / PKIX
   ecdsa-p256  signs release manifests like cosign; cosign.pub is PEM PKIX as cosign writes it
   age         an X25519 identity as age-keygen writes it; the .pub file holds the recipient
-Existing files are never overwritten.`,
+Existing files are never overwritten.
+
+Sign a release with cosign 3, offline:
+  COSIGN_PASSWORD=... cosign sign-blob --key cosign.key --use-signing-config=false \
+    --tlog-upload=false --bundle manifest.json.sigstore.json manifest.json`,
 		Example: `  steward keys --dir keys
   steward keys --dir keys --kind age --name hive-h1`,
 		Args: cobra.NoArgs,
@@ -75,6 +80,20 @@ Existing files are never overwritten.`,
 						return fmt.Errorf("age recipient: %w", err)
 					}
 					fmt.Fprintf(out, "age identity %s (0600), recipient %s (0644): %s\n", priv, pub, recipient)
+					continue
+				}
+				if k == string(signing.P256) {
+					// cosign refuses a plain PKCS#8 "PRIVATE KEY" block, so
+					// the release key is sealed the way cosign seals its own.
+					password, set := os.LookupEnv("COSIGN_PASSWORD")
+					if err := converge.GenerateCosignKeyPair(priv, pub, []byte(password)); err != nil {
+						return fmt.Errorf("%s key: %w", k, err)
+					}
+					note := "sealed with $COSIGN_PASSWORD"
+					if !set || password == "" {
+						note = "sealed with an empty password (set COSIGN_PASSWORD to choose one)"
+					}
+					fmt.Fprintf(out, "%s private key %s (0600, cosign format, %s), public key %s (0644)\n", k, priv, note, pub)
 					continue
 				}
 				if err := signing.GenerateKeyPair(signing.KeyKind(k), priv, pub); err != nil {

@@ -1,7 +1,6 @@
 package converge
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -37,10 +36,12 @@ func devImage(version string) string {
 }
 
 // Dev prepares, under dir, a development release key (ECDSA P-256, as
-// `cosign generate-key-pair` makes: keys/cosign.key and keys/cosign.pub)
-// and a registry (registry/) holding signed sample releases, reusing what
-// exists, and returns the Config of the development install: the exec
-// runner with a harmless command, installed version 1.0.0.
+// `cosign generate-key-pair` makes: keys/cosign.key in cosign's encrypted
+// format with an empty password, and keys/cosign.pub) and a registry
+// (registry/) holding sample releases signed as cosign 3 signs them (a
+// Sigstore bundle beside each manifest), reusing what exists, and returns
+// the Config of the development install: the exec runner with a harmless
+// command, installed version 1.0.0.
 func Dev(ctx context.Context, dir string) (Config, []string, error) {
 	keys := filepath.Join(dir, "keys")
 	priv, pub := filepath.Join(keys, "cosign.key"), filepath.Join(keys, "cosign.pub")
@@ -53,13 +54,13 @@ func Dev(ctx context.Context, dir string) (Config, []string, error) {
 	}
 	switch privOK, pubOK := fileExists(priv), fileExists(pub); {
 	case !privOK && !pubOK:
-		if err := signing.GenerateKeyPair(signing.P256, priv, pub); err != nil {
+		if err := GenerateCosignKeyPair(priv, pub, nil); err != nil {
 			return Config{}, nil, fmt.Errorf("converge dev: release key: %w", err)
 		}
 	case privOK != pubOK:
 		return Config{}, nil, fmt.Errorf("converge dev: only one of %s and %s exists; remove it so a matching pair is made", priv, pub)
 	}
-	signer, err := signing.LoadPrivateKey(priv)
+	signer, err := LoadReleaseSigner(priv, nil)
 	if err != nil {
 		return Config{}, nil, fmt.Errorf("converge dev: %w", err)
 	}
@@ -73,13 +74,12 @@ func Dev(ctx context.Context, dir string) (Config, []string, error) {
 		}
 		// Keep a release that is there and verifies with this key; sign
 		// it again if the key changed or a file is missing.
-		folder := filepath.Join(reg, m.Version)
-		raw, errM := os.ReadFile(filepath.Join(folder, ManifestFile))
-		sig, errS := os.ReadFile(filepath.Join(folder, SignatureFile))
-		if errM == nil && errS == nil && signing.VerifyBlob(key, raw, string(bytes.TrimSpace(sig))) == nil {
-			continue
+		if evd, err := (dirRegistry{root: reg}).fetch(ctx, m.Version); err == nil {
+			if _, _, err := verifyEvidence(key, "", m.Version, evd); err == nil {
+				continue
+			}
 		}
-		if err := WriteRelease(reg, signer, m); err != nil {
+		if err := WriteBundleRelease(reg, signer, m); err != nil {
 			return Config{}, nil, fmt.Errorf("converge dev: %w", err)
 		}
 	}
@@ -102,6 +102,7 @@ func Dev(ctx context.Context, dir string) (Config, []string, error) {
 	}
 	lines := []string{
 		fmt.Sprintf("converge: install %q at %s (first start), exec runner; signed releases 1.1.0 and 1.2.0 in %s, release key %s", DevInstall, DevInstalledVersion, reg, pub),
+		fmt.Sprintf("  sign another:       COSIGN_PASSWORD= cosign sign-blob --key %s --use-signing-config=false --tlog-upload=false --bundle <version>/%s <version>/%s", priv, BundleFile, ManifestFile),
 		`  converge to 1.1.0:  go run ./cmd/steward publish --type dev.steward.release.published.v1 --data '{"version":"1.1.0"}'`,
 		`  then to 1.2.0:      go run ./cmd/steward publish --type dev.steward.release.published.v1 --data '{"version":"1.2.0"}'`,
 		"  publishing an installed or older version again shows converge.refused; outcomes are on steward.outcomes.converge." + DevInstall,

@@ -84,7 +84,7 @@ func TestRefusals(t *testing.T) {
 		{"same version", "1.0.0", "", ruleSameVersion, []string{"release 1.0.0 is the installed version", "nothing to converge"}},
 		{"below minFromVersion", "2.1.0", "", ruleMinFrom, []string{"release 2.1.0 needs at least 1.5.0 installed but 1.0.0 is"}},
 		{"not in the registry", "3.0.0", "", ruleNotFound, []string{"release 3.0.0 has no manifest.json in registry"}},
-		{"unsigned", "2.0.9", "", ruleNotFound, []string{"release 2.0.9 has no manifest.json.sig", "an unsigned release is never applied"}},
+		{"unsigned", "2.0.9", "", ruleNotFound, []string{"release 2.0.9 has neither manifest.json.sigstore.json nor manifest.json.sig", "an unsigned release is never applied"}},
 		{"unknown manifest field", "2.0.10", "", ruleManifest, []string{"not a schema 1 manifest", `unknown field "env"`}},
 	}
 

@@ -114,11 +114,33 @@ func (r dirRegistry) fetch(_ context.Context, version string) (Evidence, error) 
 	if err != nil {
 		return Evidence{}, err
 	}
-	s, err := read(sPath, SignatureFile)
-	if err != nil {
+	// Either signature file may be missing; only both missing is an
+	// unsigned release.
+	b, err := read(filepath.Join(filepath.Dir(mPath), BundleFile), BundleFile)
+	if err != nil && !isNotFound(err) {
 		return Evidence{}, err
 	}
-	return Evidence{Manifest: m, Signature: s}, nil
+	s, err := read(sPath, SignatureFile)
+	if err != nil && !isNotFound(err) {
+		return Evidence{}, err
+	}
+	return signed(version, r.root, m, b, s)
+}
+
+// isNotFound reports whether err is the refusal for a file a registry does
+// not hold.
+func isNotFound(err error) bool {
+	var r *refusal
+	return errors.As(err, &r) && r.rule == ruleNotFound
+}
+
+// signed assembles a release's evidence, refusing a release with neither
+// signature file.
+func signed(version, where string, m, bundle, sig []byte) (Evidence, error) {
+	if bundle == nil && sig == nil {
+		return Evidence{}, refuse(ruleNotFound, "release %s has neither %s nor %s in registry %s%s", version, BundleFile, SignatureFile, where, missingNote(SignatureFile))
+	}
+	return Evidence{Manifest: m, Bundle: bundle, Signature: sig}, nil
 }
 
 func missingNote(what string) string {
@@ -167,11 +189,16 @@ func (r httpsRegistry) fetch(ctx context.Context, version string) (Evidence, err
 	if err != nil {
 		return Evidence{}, err
 	}
-	s, err := r.get(ctx, version, sURL, SignatureFile)
-	if err != nil {
+	bURL := strings.TrimSuffix(mURL, ManifestFile) + BundleFile
+	b, err := r.get(ctx, version, bURL, BundleFile)
+	if err != nil && !isNotFound(err) {
 		return Evidence{}, err
 	}
-	return Evidence{Manifest: m, Signature: s}, nil
+	s, err := r.get(ctx, version, sURL, SignatureFile)
+	if err != nil && !isNotFound(err) {
+		return Evidence{}, err
+	}
+	return signed(version, r.base.String(), m, b, s)
 }
 
 func (r httpsRegistry) get(ctx context.Context, version, u, what string) ([]byte, error) {

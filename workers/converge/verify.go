@@ -69,8 +69,9 @@ func refuse(rule, format string, args ...any) *refusal {
 const ManifestSchema = 1
 
 // Manifest is a release manifest, <registry>/<version>/manifest.json. Its
-// signature, manifest.json.sig, is what `cosign sign-blob --key` writes for
-// the file's exact bytes.
+// signature is the Sigstore bundle manifest.json.sigstore.json that cosign 3
+// writes (`cosign sign-blob --key … --bundle …`) or the legacy base64
+// manifest.json.sig cosign 2 wrote, over the file's exact bytes.
 type Manifest struct {
 	Schema         int    `json:"schema"`
 	Version        string `json:"version"`
@@ -146,10 +147,16 @@ func verifyEvidence(key crypto.PublicKey, keyID, version string, ev Evidence) (M
 	return m, digest, nil
 }
 
-// verifySignature checks the evidence's signature over its manifest bytes.
+// verifySignature checks the evidence's signature over its manifest bytes:
+// the Sigstore bundle when there is one (a bad bundle is refused, never
+// passed over for the legacy signature beside it), else the legacy base64
+// signature.
 func verifySignature(key crypto.PublicKey, keyID, version string, ev Evidence) error {
+	if len(ev.Bundle) > 0 {
+		return verifyBundle(key, keyID, version, ev.Manifest, ev.Bundle)
+	}
 	if len(ev.Signature) == 0 {
-		return refuse(ruleNotFound, "release %s has no %s%s", version, SignatureFile, missingNote(SignatureFile))
+		return refuse(ruleNotFound, "release %s has neither %s nor %s%s", version, BundleFile, SignatureFile, missingNote(SignatureFile))
 	}
 	if err := signing.VerifyBlob(key, ev.Manifest, string(ev.Signature)); err != nil {
 		return refuse(ruleSignature, "the manifest of release %s does not verify against the release key %s (%s), so it is not trusted and nothing ran", version, keyID, signatureProblem(key, ev.Signature))
@@ -259,11 +266,23 @@ func checkPinned(image string) error {
 	return nil
 }
 
-// WriteRelease writes a signed release into a registry directory:
-// <dir>/<version>/manifest.json (the manifest as JSON) and manifest.json.sig
-// (SignBlob's base64, as `cosign sign-blob --key` writes it). It is how
-// `steward dev` and tests publish releases; a real pipeline uses cosign.
+// WriteRelease writes a signed release into a registry directory the
+// legacy way: <dir>/<version>/manifest.json (the manifest as JSON) and
+// manifest.json.sig (SignBlob's base64, as `cosign sign-blob --key` wrote it
+// before cosign 3). Tests use it for the legacy path.
 func WriteRelease(dir string, key crypto.Signer, m Manifest) error {
+	return writeSigned(dir, key, m, false)
+}
+
+// WriteBundleRelease writes a signed release as cosign 3 signs it:
+// <dir>/<version>/manifest.json and manifest.json.sigstore.json, the
+// Sigstore bundle (SignBundle). It is how `steward dev` publishes releases;
+// a real pipeline uses cosign.
+func WriteBundleRelease(dir string, key crypto.Signer, m Manifest) error {
+	return writeSigned(dir, key, m, true)
+}
+
+func writeSigned(dir string, key crypto.Signer, m Manifest, bundle bool) error {
 	rel, err := releasePath(m.Version)
 	if err != nil {
 		return fmt.Errorf("release manifest: %w", err)
@@ -273,7 +292,15 @@ func WriteRelease(dir string, key crypto.Signer, m Manifest) error {
 		return err
 	}
 	raw = append(raw, '\n')
-	sig, err := signing.SignBlob(key, raw)
+	name, sig := SignatureFile, []byte(nil)
+	if bundle {
+		name = BundleFile
+		sig, err = SignBundle(key, raw)
+	} else {
+		var s string
+		s, err = signing.SignBlob(key, raw)
+		sig = []byte(s + "\n")
+	}
 	if err != nil {
 		return fmt.Errorf("sign release %s: %w", m.Version, err)
 	}
@@ -284,7 +311,7 @@ func WriteRelease(dir string, key crypto.Signer, m Manifest) error {
 	if err := atomicfile.Write(filepath.Join(folder, ManifestFile), raw, 0o644); err != nil {
 		return err
 	}
-	return atomicfile.Write(filepath.Join(folder, SignatureFile), []byte(sig+"\n"), 0o644)
+	return atomicfile.Write(filepath.Join(folder, name), sig, 0o644)
 }
 
 // fetchRelease reads and verifies a release, as the worker does on its
