@@ -6,8 +6,13 @@
 // <prefix><node> that can log in with its granted password and a database
 // it owns, closed to every other role (PUBLIC's privileges on it are
 // revoked when it is created); every other role carrying the prefix is
-// made NOLOGIN (never dropped); roles without the prefix are never
-// touched. Passwords are sent to the server only as SCRAM-SHA-256
+// made NOLOGIN (never dropped) and its open sessions are ended; roles
+// without the prefix are never touched. A marked role is the
+// provisioner's, so every run takes from it any power a consumer's role
+// never has (SUPERUSER, CREATEDB, CREATEROLE, REPLICATION, BYPASSRLS, any
+// membership) before it gets a password. Reconciles of one machine are
+// serialised by a row lock only a superuser can take, with lock_timeout
+// and statement_timeout on every statement. Passwords are sent to the server only as SCRAM-SHA-256
 // verifiers Steward computes itself, so no plaintext reaches the server's
 // logs or pg_stat_statements.
 package provision
@@ -20,6 +25,7 @@ import (
 	"regexp"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -94,8 +100,15 @@ type Worker struct {
 	// dbTarget names the server for messages (host, port, user; never a
 	// password).
 	dbTarget string
-	// tableReady is set once the generation table is known to exist.
+	// tableReady is set once the generation and lock tables are known to
+	// exist with a superuser owner.
 	tableReady atomic.Bool
+	// running holds one token while a reconcile runs: each takes two of
+	// the pool's connections, so two at once could starve each other.
+	running chan struct{}
+	// lockTimeout and statementTimeout bound every statement the
+	// reconcile sends (defaultLockTimeout, defaultStatementTimeout).
+	lockTimeout, statementTimeout time.Duration
 }
 
 // New validates cfg, reads the age identity and prepares a connection
@@ -129,7 +142,9 @@ func newWorker(cfg Config, tracer pgx.QueryTracer) (*Worker, error) {
 		// pgconn redacts the password from its parse errors.
 		return nil, fmt.Errorf("--database-url: %w", err)
 	}
-	// One reconcile holds one connection (and its advisory lock) at a time.
+	// One reconcile at a time holds two connections: one keeps the lock
+	// transaction open while the other runs CREATE DATABASE, which no
+	// transaction may hold.
 	pc.MaxConns = 2
 	if _, ok := pc.ConnConfig.RuntimeParams["application_name"]; !ok {
 		pc.ConnConfig.RuntimeParams["application_name"] = "steward-provision"
@@ -145,6 +160,10 @@ func newWorker(cfg Config, tracer pgx.QueryTracer) (*Worker, error) {
 		id:       id,
 		pool:     pool,
 		dbTarget: fmt.Sprintf("PostgreSQL at %s:%d as %s", pc.ConnConfig.Host, pc.ConnConfig.Port, pc.ConnConfig.User),
+		running:  make(chan struct{}, 1),
+
+		lockTimeout:      defaultLockTimeout,
+		statementTimeout: defaultStatementTimeout,
 	}, nil
 }
 
@@ -189,6 +208,28 @@ type Applied struct {
 	Revoked Names `json:"revoked"`
 	// Unchanged are the granted roles and databases already as granted.
 	Unchanged Names `json:"unchanged"`
+	// Normalised are the marked roles (granted or not) found with powers
+	// or memberships the provisioner never grants, and what was taken.
+	Normalised []Normalised `json:"normalised"`
+	// SessionsEnded counts the sessions of roles no longer granted that
+	// were ended (pg_terminate_backend): NOLOGIN alone stops only new
+	// ones. A password rotation ends none.
+	SessionsEnded int `json:"sessionsEnded"`
+	// BlockingSessionsEnded counts the sessions of a marked role that held
+	// its own catalog row (an ALTER ROLE on itself left uncommitted)
+	// against the reconcile, and were ended so it could go on.
+	BlockingSessionsEnded int `json:"blockingSessionsEnded"`
+}
+
+// Normalised is one marked role whose powers were taken before it was
+// granted or revoked.
+type Normalised struct {
+	Role string `json:"role"`
+	// Attributes are the attributes it had and lost (SUPERUSER, CREATEDB,
+	// CREATEROLE, REPLICATION, BYPASSRLS).
+	Attributes []string `json:"attributes"`
+	// Memberships are the roles it was a member of and no longer is.
+	Memberships []string `json:"memberships"`
 }
 
 // Refused is the data of a grant.refused outcome. Nothing was changed.
@@ -234,7 +275,9 @@ func (w *Worker) Handle(ctx context.Context, d *workers.Delivery) error {
 		case Applied:
 			d.Log.Info().Uint64("generation", o.Generation).
 				Int("created", len(o.Created.Roles)+len(o.Created.Databases)).Int("altered", len(o.Altered.Roles)).
-				Int("revoked", len(o.Revoked.Roles)).Int("unchanged", len(o.Unchanged.Roles)).Msg("grant applied")
+				Int("revoked", len(o.Revoked.Roles)).Int("unchanged", len(o.Unchanged.Roles)).
+				Int("normalised", len(o.Normalised)).Int("sessions_ended", o.SessionsEnded).
+				Int("blocking_sessions_ended", o.BlockingSessionsEnded).Msg("grant applied")
 		case Skipped:
 			d.Log.Info().Uint64("generation", o.Generation).Uint64("applied_generation", o.Applied).Msg("grant not above the applied generation; skipped")
 		}
@@ -244,7 +287,9 @@ func (w *Worker) Handle(ctx context.Context, d *workers.Delivery) error {
 		err = fmt.Errorf("grant for %s (event %s): %w", d.Key, d.Event.ID(), err)
 		var r *refusal
 		if errors.As(err, &r) {
-			return workers.Permanent(err)
+			// The grant.refused outcome is out: the runtime settles the
+			// event, and a redelivery would only be refused again.
+			return workers.Refused(err)
 		}
 	}
 	return err
