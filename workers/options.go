@@ -45,13 +45,18 @@ func defaultOptions() options {
 // with 50% jitter, and never gives up: desired state held up by an outage
 // applies once the outage ends, and a failing dependency is not hammered in
 // lockstep.
-func DefaultBackoff() backoff.BackOff {
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval = 500 * time.Millisecond
-	b.MaxInterval = DefaultMaxBackoff
-	b.RandomizationFactor = 0.5
-	b.MaxElapsedTime = 0
-	return b
+func DefaultBackoff() backoff.BackOff { return BackoffUpTo(DefaultMaxBackoff)() }
+
+// BackoffUpTo is DefaultBackoff with another cap, for WithBackoff.
+func BackoffUpTo(limit time.Duration) func() backoff.BackOff {
+	return func() backoff.BackOff {
+		b := backoff.NewExponentialBackOff()
+		b.InitialInterval = min(500*time.Millisecond, limit)
+		b.MaxInterval = limit
+		b.RandomizationFactor = 0.5
+		b.MaxElapsedTime = 0
+		return b
+	}
 }
 
 // Option tunes a Worker.

@@ -599,11 +599,11 @@ func TestServeProcess(t *testing.T) {
 	}
 }
 
-// TestBenchCommand proves `steward bench` measures both paths and prints
-// the rates, latencies and ratio.
+// TestBenchCommand proves `steward bench` measures the three paths and
+// prints the rates, both latencies and the ratios.
 func TestBenchCommand(t *testing.T) {
-	r := ok(t, nil, "bench", "--events", "200")
-	for _, want := range []string{"runtime (no-op worker)", "raw pull consumer, explicit ack", "events/s", "p99", "runtime / raw throughput: "} {
+	r := ok(t, nil, "bench", "--events", "200", "--rate", "2000")
+	for _, want := range []string{"runtime (no-op worker)", "raw consumer, Ack", "raw consumer, serial DoubleAck", "events/s", "handler p50", "settled p50", "runtime / raw Ack throughput: ", "runtime / raw DoubleAck p99 settled: ", "published as 2000 events/s"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Fatalf("bench output lacks %q:\n%s", want, r.stdout)
 		}

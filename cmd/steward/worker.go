@@ -18,13 +18,17 @@ import (
 type runtimeFlags struct {
 	ackWait       time.Duration
 	maxDeliver    int
+	maxPanics     int
+	maxBackoff    time.Duration
 	concurrency   int
 	shutdownGrace time.Duration
 }
 
 func (r *runtimeFlags) add(fs *pflag.FlagSet) {
 	fs.DurationVar(&r.ackWait, "ack-wait", workers.DefaultAckWait, "how long NATS waits for an ack before it redelivers (handlers heartbeat, so only a crash lets it expire)")
-	fs.IntVar(&r.maxDeliver, "max-deliver", workers.DefaultMaxDeliver, "deliveries a failing event gets before it goes to the DLQ")
+	fs.IntVar(&r.maxDeliver, "max-deliver", workers.DefaultMaxDeliver, "deliveries an event may get without ever settling (each process that took it died first) before it goes to the DLQ; failures are retried without a redelivery and never count")
+	fs.IntVar(&r.maxPanics, "max-panics", workers.DefaultMaxPanics, "handler panics on one event before it goes to the DLQ with the panic as reason")
+	fs.DurationVar(&r.maxBackoff, "max-backoff", workers.DefaultMaxBackoff, "the longest wait between two attempts of a failing event (retried for as long as it fails)")
 	fs.IntVar(&r.concurrency, "concurrency", workers.DefaultConcurrency, "keys handled at once")
 	fs.DurationVar(&r.shutdownGrace, "shutdown-grace", workers.DefaultShutdownGrace, "how long in-flight handlers may run on after SIGTERM")
 }
@@ -36,6 +40,8 @@ func (r *runtimeFlags) options(g *globals, reg prometheus.Registerer) []workers.
 		workers.WithRegisterer(reg),
 		workers.WithAckWait(r.ackWait),
 		workers.WithMaxDeliver(r.maxDeliver),
+		workers.WithMaxPanics(r.maxPanics),
+		workers.WithBackoff(workers.BackoffUpTo(r.maxBackoff)),
 		workers.WithConcurrency(r.concurrency),
 		workers.WithShutdownGrace(r.shutdownGrace),
 	}

@@ -1,7 +1,16 @@
-// Package bench measures what the worker runtime costs: it publishes the
-// same events through a no-op worker run by the runtime and through a plain
-// JetStream pull consumer with explicit acks, on one embedded server, and
-// reports events per second and publish-to-handled latency for both.
+// Package bench measures what the worker runtime costs. It publishes the
+// same events, in one run on one embedded server, through three paths:
+//
+//   - the runtime, running a no-op worker whose Spec is not latest-wins, so
+//     every event reaches the handler and is checkpointed and confirmed;
+//   - a raw pull consumer that acks each event fire-and-forget (Ack);
+//   - a raw pull consumer that confirms each ack serially (DoubleAck).
+//
+// For each it reports events per second and two latencies: publish to the
+// handler, and publish to settled (the runtime's confirmed ack, the raw
+// paths' ack call returned). Events go out as one burst, or at a steady
+// rate (Options.Rate). Figures are only ever compared within one run: the
+// machines it runs on are shared, and absolute figures drift by a third.
 package bench
 
 import (
@@ -26,7 +35,7 @@ import (
 )
 
 // DefaultEvents is how many events a run publishes through each path.
-const DefaultEvents = 10000
+const DefaultEvents = 20000
 
 // Options says what to measure.
 type Options struct {
@@ -38,44 +47,87 @@ type Options struct {
 	Keys int
 	// Concurrency is the runtime's WithConcurrency (default the runtime's).
 	Concurrency int
+	// Rate, when above zero, publishes at this many events per second
+	// instead of one burst.
+	Rate int
 	// Timeout bounds each path (default 5 minutes).
 	Timeout time.Duration
+	// Progress, when set, is called about once a second while a path
+	// runs, with how many events it has settled.
+	Progress func(path string, settled, total int)
 }
+
+// Latency is one latency's distribution.
+type Latency struct{ P50, P99 time.Duration }
 
 // Measure is what one path did.
 type Measure struct {
 	Events int
-	// Elapsed runs from the first publish to the last event handled.
+	// Elapsed runs from the first publish to the last event settled.
 	Elapsed   time.Duration
 	PerSecond float64
-	// P50 and P99 are publish-to-handled latencies.
-	P50, P99 time.Duration
+	// Handler is publish to the handler; Settled is publish to the ack
+	// confirmed (the raw paths: their ack call returned).
+	Handler, Settled Latency
 }
 
-// Result is one run: the runtime and the raw consumer over the same
-// messages.
+// Result is one run: the same events through the three paths.
 type Result struct {
-	Runtime Measure
-	Raw     Measure
+	Rate      int
+	Runtime   Measure
+	RawAck    Measure
+	RawDouble Measure
 }
 
-// Ratio is the runtime's throughput as a fraction of the raw consumer's.
+// Ratio is the runtime's throughput as a fraction of the raw Ack path's.
 func (r Result) Ratio() float64 {
-	if r.Raw.PerSecond == 0 {
+	if r.RawAck.PerSecond == 0 {
 		return 0
 	}
-	return r.Runtime.PerSecond / r.Raw.PerSecond
+	return r.Runtime.PerSecond / r.RawAck.PerSecond
+}
+
+// SettledRatio is the runtime's p99 publish-to-settled over the raw serial
+// DoubleAck path's.
+func (r Result) SettledRatio() float64 {
+	if r.RawDouble.Settled.P99 == 0 {
+		return 0
+	}
+	return float64(r.Runtime.Settled.P99) / float64(r.RawDouble.Settled.P99)
+}
+
+// HandlerRatio is the runtime's p99 publish-to-handler over the raw serial
+// DoubleAck path's.
+func (r Result) HandlerRatio() float64 {
+	if r.RawDouble.Handler.P99 == 0 {
+		return 0
+	}
+	return float64(r.Runtime.Handler.P99) / float64(r.RawDouble.Handler.P99)
 }
 
 // String is the report `steward bench` prints.
 func (r Result) String() string {
-	line := func(name string, m Measure) string {
-		return fmt.Sprintf("%-34s %6d events in %8v  %9.0f events/s  p50 %8v  p99 %8v\n",
-			name, m.Events, m.Elapsed.Round(time.Millisecond), m.PerSecond, m.P50.Round(10*time.Microsecond), m.P99.Round(10*time.Microsecond))
+	d := func(v time.Duration) time.Duration {
+		if v < time.Millisecond {
+			return v.Round(time.Microsecond)
+		}
+		return v.Round(10 * time.Microsecond)
 	}
-	return line("runtime (no-op worker)", r.Runtime) +
-		line("raw pull consumer, explicit ack", r.Raw) +
-		fmt.Sprintf("runtime / raw throughput: %.2f\n", r.Ratio())
+	line := func(name string, m Measure) string {
+		return fmt.Sprintf("%-30s %6d events in %8v %9.0f events/s   handler p50 %9v p99 %9v   settled p50 %9v p99 %9v\n",
+			name, m.Events, m.Elapsed.Round(time.Millisecond), m.PerSecond,
+			d(m.Handler.P50), d(m.Handler.P99), d(m.Settled.P50), d(m.Settled.P99))
+	}
+	mode := "one burst"
+	if r.Rate > 0 {
+		mode = fmt.Sprintf("%d events/s", r.Rate)
+	}
+	return fmt.Sprintf("published as %s\n", mode) +
+		line("runtime (no-op worker)", r.Runtime) +
+		line("raw consumer, Ack", r.RawAck) +
+		line("raw consumer, serial DoubleAck", r.RawDouble) +
+		fmt.Sprintf("runtime / raw Ack throughput: %.2f\n", r.Ratio()) +
+		fmt.Sprintf("runtime / raw DoubleAck p99 settled: %.2f, p99 handler: %.2f\n", r.SettledRatio(), r.HandlerRatio())
 }
 
 // Env is an embedded JetStream server with its store in a temporary
@@ -140,7 +192,7 @@ func Start(ctx context.Context) (*Env, error) {
 	return e, nil
 }
 
-// The raw path's stream: the same layout as STEWARD_EVENTS, its own
+// The raw paths' stream: the same layout as STEWARD_EVENTS, its own
 // subjects so the runtime's consumers never see its messages.
 const (
 	rawStream = "BENCH_RAW"
@@ -162,8 +214,8 @@ func (e *Env) Close() {
 }
 
 // messages encodes n valid credential.rotated events over keys keys, once
-// per run, so both paths carry the same bytes and the cost of building
-// them is in neither measure.
+// per run, so every path carries the same bytes and the cost of building
+// them is in no measure.
 func (e *Env) messages(run, n, keys int) ([]*nats.Msg, error) {
 	out := make([]*nats.Msg, n)
 	for i := range n {
@@ -195,54 +247,83 @@ func (e *Env) messages(run, n, keys int) ([]*nats.Msg, error) {
 
 func idPrefix(run int) string { return "bench-" + strconv.Itoa(run) + "-" }
 
-// tracker records when each event was published and first handled.
+// tracker records when each event was published, first handled and
+// settled.
 type tracker struct {
 	prefix  string
 	sent    []atomic.Int64
 	handled []atomic.Int64
+	settled []atomic.Int64
 	done    atomic.Int64
 	all     chan struct{}
 }
 
 func newTracker(prefix string, n int) *tracker {
-	return &tracker{prefix: prefix, sent: make([]atomic.Int64, n), handled: make([]atomic.Int64, n), all: make(chan struct{})}
+	return &tracker{prefix: prefix, sent: make([]atomic.Int64, n), handled: make([]atomic.Int64, n),
+		settled: make([]atomic.Int64, n), all: make(chan struct{})}
 }
 
-func (t *tracker) mark(id string) {
-	now := time.Now().UnixNano()
+func (t *tracker) index(id string) (int, bool) {
 	i, err := strconv.Atoi(strings.TrimPrefix(id, t.prefix))
-	if err != nil || i < 0 || i >= len(t.handled) {
-		return
+	return i, err == nil && i >= 0 && i < len(t.handled)
+}
+
+// handle notes the first handling of an event: a redelivery is not a
+// second one.
+func (t *tracker) handle(id string) {
+	if i, ok := t.index(id); ok {
+		t.handled[i].CompareAndSwap(0, time.Now().UnixNano())
 	}
-	// A redelivery is not a second handling: the first one counts.
-	if t.handled[i].CompareAndSwap(0, now) && t.done.Add(1) == int64(len(t.handled)) {
+}
+
+// settle notes that an event's ack is confirmed; the run ends when every
+// event is.
+func (t *tracker) settle(id string) {
+	i, ok := t.index(id)
+	if ok && t.settled[i].CompareAndSwap(0, time.Now().UnixNano()) && t.done.Add(1) == int64(len(t.settled)) {
 		close(t.all)
 	}
 }
 
+func distribution(lat []time.Duration) Latency {
+	slices.Sort(lat)
+	n := len(lat)
+	return Latency{P50: lat[n*50/100], P99: lat[min(n*99/100, n-1)]}
+}
+
 func (t *tracker) measure() Measure {
 	n := len(t.sent)
-	lat := make([]time.Duration, n)
+	handler, settled := make([]time.Duration, n), make([]time.Duration, n)
 	first, last := t.sent[0].Load(), int64(0)
 	for i := range n {
-		s, h := t.sent[i].Load(), t.handled[i].Load()
-		lat[i] = time.Duration(h - s)
-		first, last = min(first, s), max(last, h)
+		s, h, d := t.sent[i].Load(), t.handled[i].Load(), t.settled[i].Load()
+		handler[i], settled[i] = time.Duration(h-s), time.Duration(d-s)
+		first, last = min(first, s), max(last, d)
 	}
-	slices.Sort(lat)
 	elapsed := time.Duration(last - first)
 	return Measure{
-		Events: n, Elapsed: elapsed,
-		PerSecond: float64(n) / elapsed.Seconds(),
-		P50:       lat[n*50/100], P99: lat[min(n*99/100, n-1)],
+		Events: n, Elapsed: elapsed, PerSecond: float64(n) / elapsed.Seconds(),
+		Handler: distribution(handler), Settled: distribution(settled),
 	}
 }
 
-// publish sends msgs asynchronously, noting when each left, and waits
-// for every ack.
-func (e *Env) publish(ctx context.Context, t *tracker, msgs []*nats.Msg) error {
+// publish sends msgs asynchronously, as one burst or paced at rate per
+// second, noting when each left, and waits for every publish ack.
+func (e *Env) publish(ctx context.Context, t *tracker, msgs []*nats.Msg, rate int) error {
 	futures := make([]jetstream.PubAckFuture, len(msgs))
+	start := time.Now()
 	for i, m := range msgs {
+		if rate > 0 {
+			// Paced against the start, so a slow publish is caught up
+			// rather than stretching the whole run.
+			if wait := time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))); wait > 0 {
+				select {
+				case <-time.After(wait):
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+		}
 		t.sent[i].Store(time.Now().UnixNano())
 		f, err := e.pubJS.PublishMsgAsync(m)
 		if err != nil {
@@ -265,17 +346,25 @@ func (e *Env) publish(ctx context.Context, t *tracker, msgs []*nats.Msg) error {
 	return nil
 }
 
-func (e *Env) wait(ctx context.Context, t *tracker, what string) error {
-	select {
-	case <-t.all:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("%s: %d of %d events handled before %w", what, t.done.Load(), len(t.handled), ctx.Err())
+func (e *Env) wait(ctx context.Context, t *tracker, path string, progress func(string, int, int)) error {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-t.all:
+			return nil
+		case <-tick.C:
+			if progress != nil {
+				progress(path, int(t.done.Load()), len(t.settled))
+			}
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %d of %d events settled before %w", path, t.done.Load(), len(t.settled), ctx.Err())
+		}
 	}
 }
 
-// Runtime publishes n events and waits until the runtime, running a
-// worker whose handler does nothing, has handled every one.
+// Runtime publishes the events and waits until the runtime, running a
+// worker whose handler does nothing, has settled every one.
 func (e *Env) Runtime(ctx context.Context, o Options) (Measure, error) {
 	o = o.withDefaults()
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
@@ -291,7 +380,10 @@ func (e *Env) Runtime(ctx context.Context, o Options) (Measure, error) {
 		Subjects: []string{events.EventsPrefix + ".credential.rotated.>"},
 		Types:    []string{events.TypeCredentialRotated},
 	}
-	opts := []workers.Option{workers.WithRegisterer(prometheus.NewRegistry())}
+	opts := []workers.Option{
+		workers.WithRegisterer(prometheus.NewRegistry()),
+		workers.WithSettledHook(func(s workers.Settlement) { t.settle(s.Event.ID()) }),
+	}
 	if o.Concurrency > 0 {
 		opts = append(opts, workers.WithConcurrency(o.Concurrency))
 	}
@@ -301,7 +393,7 @@ func (e *Env) Runtime(ctx context.Context, o Options) (Measure, error) {
 		return Measure{}, err
 	}
 	w, err := workers.New(ctx, e.subJS, spec, workers.HandlerFunc(func(_ context.Context, d *workers.Delivery) error {
-		t.mark(d.Event.ID())
+		t.handle(d.Event.ID())
 		return nil
 	}), opts...)
 	if err != nil {
@@ -318,19 +410,20 @@ func (e *Env) Runtime(ctx context.Context, o Options) (Measure, error) {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
-	if err := e.publish(ctx, t, msgs); err != nil {
+	if err := e.publish(ctx, t, msgs, o.Rate); err != nil {
 		return Measure{}, err
 	}
-	if err := e.wait(ctx, t, "runtime"); err != nil {
+	if err := e.wait(ctx, t, "runtime", o.Progress); err != nil {
 		return Measure{}, err
 	}
 	return t.measure(), nil
 }
 
 // Raw publishes the same kind of events to a stream of their own and
-// consumes them with a plain durable pull consumer, acking each explicitly:
-// the floor the runtime is compared with.
-func (e *Env) Raw(ctx context.Context, o Options) (Measure, error) {
+// consumes them with a plain durable pull consumer: acking each
+// fire-and-forget, or, with double, confirming each ack before the next
+// event (a serial consumer that wants to know its ack landed).
+func (e *Env) Raw(ctx context.Context, o Options, double bool) (Measure, error) {
 	o = o.withDefaults()
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
@@ -354,17 +447,29 @@ func (e *Env) Raw(ctx context.Context, o Options) (Measure, error) {
 		return Measure{}, err
 	}
 	cc, err := cons.Consume(func(m jetstream.Msg) {
-		t.mark(m.Headers().Get("ce-id"))
-		_ = m.Ack()
+		id := m.Headers().Get("ce-id")
+		t.handle(id)
+		if double {
+			if m.DoubleAck(ctx) != nil {
+				return
+			}
+		} else if m.Ack() != nil {
+			return
+		}
+		t.settle(id)
 	})
 	if err != nil {
 		return Measure{}, err
 	}
 	defer cc.Stop()
-	if err := e.publish(ctx, t, msgs); err != nil {
+	path := "raw Ack"
+	if double {
+		path = "raw DoubleAck"
+	}
+	if err := e.publish(ctx, t, msgs, o.Rate); err != nil {
 		return Measure{}, err
 	}
-	if err := e.wait(ctx, t, "raw consumer"); err != nil {
+	if err := e.wait(ctx, t, path, o.Progress); err != nil {
 		return Measure{}, err
 	}
 	return t.measure(), nil
@@ -391,21 +496,23 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// Run starts an embedded server, measures the runtime and the raw consumer
-// over the same number of events, and stops the server.
+// Run starts an embedded server, measures the three paths over the same
+// number of events, and stops the server.
 func Run(ctx context.Context, o Options) (Result, error) {
 	env, err := Start(ctx)
 	if err != nil {
 		return Result{}, err
 	}
 	defer env.Close()
-	rt, err := env.Runtime(ctx, o)
-	if err != nil {
+	res := Result{Rate: o.Rate}
+	if res.Runtime, err = env.Runtime(ctx, o); err != nil {
 		return Result{}, fmt.Errorf("runtime: %w", err)
 	}
-	raw, err := env.Raw(ctx, o)
-	if err != nil {
-		return Result{}, fmt.Errorf("raw consumer: %w", err)
+	if res.RawAck, err = env.Raw(ctx, o, false); err != nil {
+		return Result{}, fmt.Errorf("raw Ack: %w", err)
 	}
-	return Result{Runtime: rt, Raw: raw}, nil
+	if res.RawDouble, err = env.Raw(ctx, o, true); err != nil {
+		return Result{}, fmt.Errorf("raw DoubleAck: %w", err)
+	}
+	return res, nil
 }
