@@ -18,6 +18,18 @@
 // then client_id again and starts over when the two client ids differ
 // (versions only move forward, so equal client ids prove the secret between
 // them is theirs).
+//
+// The credential folder is the worker's: a missing one is made 0755 with
+// its missing parents, as install -d does, walking from / without following
+// a link in its place. Whoever can write it decides the pair, so it must be
+// owned by the worker's user and not writable by group or others without
+// the sticky bit, and ..data is believed only as the worker's own link to
+// the worker's own version folder; anything else is loud and retried, never
+// taken for "nothing applied" or for a newer version.
+//
+// An optional --on-change command runs once per applied version after the
+// pair is in place (see Worker.announce); its failure is reported and
+// counted and never rolls the pair back.
 package credential
 
 import (
@@ -25,9 +37,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/spf13/pflag"
@@ -52,10 +64,14 @@ type Applied struct {
 	Hive     string `json:"hive"`
 	Version  uint64 `json:"version"`
 	ClientID string `json:"clientId"`
+	// OnChange is what the --on-change command did for this version; nil
+	// when none is configured.
+	OnChange *OnChange `json:"onChange,omitempty"`
 }
 
 // Skipped is the data of credential.skipped: the event's version is not
-// above the one the files already hold.
+// above the one the files already hold. It is the refusal of a stale
+// version: the handler returns workers.Refused after emitting it.
 type Skipped struct {
 	Hive    string `json:"hive"`
 	Version uint64 `json:"version"`
@@ -63,7 +79,9 @@ type Skipped struct {
 }
 
 // Refused is the data of credential.refused: no retry can apply the event,
-// and the files were left as they were.
+// and the files were left as they were. The handler returns
+// workers.Refused after emitting it, so the event is settled, never a dead
+// letter.
 type Refused struct {
 	Hive    string `json:"hive"`
 	Version uint64 `json:"version"`
@@ -71,22 +89,40 @@ type Refused struct {
 }
 
 // Config is a credential worker's configuration (DESIGN §6: STEWARD_HIVE,
-// STEWARD_AGE_IDENTITY, STEWARD_CREDENTIAL_DIR).
+// STEWARD_AGE_IDENTITY, STEWARD_CREDENTIAL_DIR; issue 14 adds
+// STEWARD_ON_CHANGE and STEWARD_ON_CHANGE_TIMEOUT).
 type Config struct {
 	// Hive is the hive this instance serves; it is also the instance name.
 	Hive string
 	// AgeIdentity is the hive's age identity file, as age-keygen writes it.
 	AgeIdentity string
-	// CredentialDir is where secret and client_id are published. It must
-	// exist (it is often a mount): a missing one is retried, not created.
+	// CredentialDir is where secret and client_id are published. A missing
+	// one (and its missing parents) is created 0755, as install -d does; it
+	// must be a real folder owned by the worker's user and not writable by
+	// group or others without the sticky bit, or rotations are retried.
 	CredentialDir string
+	// OnChange is a command run with /bin/sh -c once a new pair is in place
+	// (Vault Agent's and consul-template's template command). Empty: none.
+	OnChange string
+	// OnChangeTimeout bounds OnChange; its process group is killed then.
+	// Zero is DefaultOnChangeTimeout.
+	OnChangeTimeout time.Duration
 }
 
-// AddFlags registers --hive, --age-identity and --credential-dir.
+// DefaultOnChangeTimeout is how long the --on-change command may run.
+const DefaultOnChangeTimeout = 30 * time.Second
+
+// AddFlags registers --hive, --age-identity, --credential-dir, --on-change
+// and --on-change-timeout.
 func (c *Config) AddFlags(fs *pflag.FlagSet) {
+	if c.OnChangeTimeout == 0 {
+		c.OnChangeTimeout = DefaultOnChangeTimeout
+	}
 	fs.StringVar(&c.Hive, "hive", c.Hive, "the hive whose credential this worker applies")
 	fs.StringVar(&c.AgeIdentity, "age-identity", c.AgeIdentity, "the hive's age identity file (as age-keygen writes it); rotated secrets are encrypted to its recipient")
-	fs.StringVar(&c.CredentialDir, "credential-dir", c.CredentialDir, "the folder where secret (0600) and client_id (0644) are published; it must exist")
+	fs.StringVar(&c.CredentialDir, "credential-dir", c.CredentialDir, "the folder where secret (0600) and client_id (0644) are published; created 0755 with its parents when missing (as install -d); it must be owned by the worker's user and not writable by group or others unless sticky")
+	fs.StringVar(&c.OnChange, "on-change", c.OnChange, "a command run with /bin/sh -c once per applied version, after the new pair is in place (STEWARD_HIVE, STEWARD_CREDENTIAL_VERSION, STEWARD_CREDENTIAL_DIR and STEWARD_CREDENTIAL_DATA in its environment, never the secret); its failure is reported and counted and never rolls the pair back")
+	fs.DurationVar(&c.OnChangeTimeout, "on-change-timeout", c.OnChangeTimeout, "how long the --on-change command may run before its process group is killed")
 }
 
 // Worker applies credential.rotated events for one hive.
@@ -94,6 +130,9 @@ type Worker struct {
 	hive string
 	dir  string
 	id   *agekey.Identity
+	// onChange and onChangeTimeout are Config's OnChange and its bound.
+	onChange        string
+	onChangeTimeout time.Duration
 }
 
 // New checks cfg and loads the hive's identity, so a worker with a key it
@@ -119,7 +158,17 @@ func New(cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--credential-dir %q: %w", cfg.CredentialDir, err)
 	}
-	return &Worker{hive: cfg.Hive, dir: dir, id: id}, nil
+	timeout := cfg.OnChangeTimeout
+	switch {
+	case timeout == 0:
+		timeout = DefaultOnChangeTimeout
+	case timeout < 0:
+		return nil, fmt.Errorf("--on-change-timeout %v: it must be positive", timeout)
+	}
+	if strings.TrimSpace(cfg.OnChange) != "" {
+		registerMetrics()
+	}
+	return &Worker{hive: cfg.Hive, dir: dir, id: id, onChange: strings.TrimSpace(cfg.OnChange), onChangeTimeout: timeout}, nil
 }
 
 // Spec consumes the hive's own credential.rotated subject.
@@ -143,14 +192,20 @@ type stage struct {
 }
 
 // result is what handling one event decided: an outcome to report and the
-// handler's error (Permanent for a refusal, plain for a retry).
+// handler's error (Refused for a refusal, plain for a retry). folder is the
+// version folder ..data names once the event's pair is applied.
 type result struct {
 	outcome string
 	data    any
 	err     error
+	folder  string
 }
 
-// Handle applies one credential.rotated event.
+// Handle applies one credential.rotated event. It returns nil once the
+// pair is in place and reported, workers.Refused after reporting a policy
+// refusal (another hive, an empty field, a secret it cannot open, a stale
+// version), and a plain error, retried, for anything a person can fix (the
+// folder, a leftover in the way, the bus).
 func (w *Worker) Handle(ctx context.Context, d *workers.Delivery) error {
 	var data events.CredentialRotated
 	if err := d.DataAs(&data); err != nil {
@@ -162,6 +217,13 @@ func (w *Worker) Handle(ctx context.Context, d *workers.Delivery) error {
 	}
 	save := func(folder string) error { return d.SaveStage(ctx, stage{Folder: folder}) }
 	res := w.rotate(data, d.Event.ID(), st.Folder, save, d.Log)
+	if res.outcome == OutcomeApplied && w.onChange != "" {
+		// After rotate, so the folder lock is not held while the command
+		// runs: the pair is in place whatever the command does.
+		if err := w.announce(ctx, d, data, &res); err != nil {
+			return err
+		}
+	}
 	if res.outcome != "" {
 		if err := d.Emit(ctx, res.outcome, res.data); err != nil {
 			// Retried: a refusal or skip is decided the same way again,
@@ -184,7 +246,7 @@ func (w *Worker) rotate(data events.CredentialRotated, eventID, savedFolder stri
 		return result{
 			outcome: OutcomeRefused,
 			data:    Refused{Hive: data.Hive, Version: data.Version, Reason: reason},
-			err:     workers.Permanent(fmt.Errorf("%s: %s", where, reason)),
+			err:     workers.Refused(fmt.Errorf("%s: %s", where, reason)),
 		}
 	}
 	retry := func(err error) result {
@@ -197,12 +259,15 @@ func (w *Worker) rotate(data events.CredentialRotated, eventID, savedFolder stri
 		return refuse(fmt.Sprintf("version %d is for hive %q, but this worker serves hive %q; nothing was written", data.Version, data.Hive, w.hive))
 	}
 
-	unlock, err := lockDir(w.dir)
+	fo, err := openFolder(w.dir)
 	if err != nil {
 		return retry(err)
 	}
-	defer unlock()
-	cur, err := readApplied(w.dir)
+	defer fo.close()
+	for _, made := range fo.created {
+		log.Info().Str("folder", made).Msg("credential folder created (0755, as install -d)")
+	}
+	cur, err := readApplied(fo)
 	if err != nil {
 		return retry(err)
 	}
@@ -210,18 +275,23 @@ func (w *Worker) rotate(data events.CredentialRotated, eventID, savedFolder stri
 	if savedFolder != "" && cur.folder == savedFolder {
 		// An earlier delivery of this event swapped its folder in and did
 		// not finish; finish and report it.
-		return w.finish(data, cur.folder, "", retry, log)
+		return w.finish(fo, data, cur.folder, "", retry, log)
 	}
 	if data.Version <= cur.version {
 		if cur.version > 0 {
 			// A crash after the swap may have left the stable links
 			// missing; any later event puts them back.
-			if err := ensureLinks(w.dir); err != nil {
+			if err := ensureLinks(fo); err != nil {
 				return retry(err)
 			}
 		}
+		reason := fmt.Sprintf("version %d is not above the applied version %d, so the files were left as they were", data.Version, cur.version)
 		log.Info().Uint64("applied", cur.version).Msg("credential rotation is not newer than the applied one; skipped")
-		return result{outcome: OutcomeSkipped, data: Skipped{Hive: data.Hive, Version: data.Version, Applied: cur.version}}
+		return result{
+			outcome: OutcomeSkipped,
+			data:    Skipped{Hive: data.Hive, Version: data.Version, Applied: cur.version},
+			err:     workers.Refused(fmt.Errorf("%s: %s", where, reason)),
+		}
 	}
 
 	kept := fmt.Sprintf("the files were left as they were (version %d); publish a corrected rotation with a version above %d", cur.version, cur.version)
@@ -240,33 +310,33 @@ func (w *Worker) rotate(data events.CredentialRotated, eventID, savedFolder stri
 		return refuse(fmt.Sprintf("the secret of version %d is empty once decrypted (nothing but whitespace); %s", data.Version, kept))
 	}
 
-	folder, err := writeVersion(w.dir, data.Version, data.ClientID, secret)
+	folder, err := writeVersion(fo, data.Version, data.ClientID, secret)
 	if err != nil {
 		return retry(err)
 	}
 	if err := save(folder); err != nil {
-		os.RemoveAll(filepath.Join(w.dir, folder))
+		fo.root.RemoveAll(folder)
 		return retry(err)
 	}
-	if renamed, err := swap(w.dir, folder); err != nil {
+	if renamed, err := swap(fo, folder); err != nil {
 		if !renamed {
 			// The old pair is still current; the new folder is nobody's.
-			os.RemoveAll(filepath.Join(w.dir, folder))
+			fo.root.RemoveAll(folder)
 		}
 		return retry(err)
 	}
-	return w.finish(data, folder, cur.folder, retry, log)
+	return w.finish(fo, data, folder, cur.folder, retry, log)
 }
 
 // finish puts the stable links in place and removes old version folders
 // once folder is what ..data points to.
-func (w *Worker) finish(data events.CredentialRotated, folder, previous string, retry func(error) result, log zerolog.Logger) result {
-	if err := ensureLinks(w.dir); err != nil {
+func (w *Worker) finish(fo *folder, data events.CredentialRotated, folder, previous string, retry func(error) result, log zerolog.Logger) result {
+	if err := ensureLinks(fo); err != nil {
 		return retry(err)
 	}
-	if err := cleanup(w.dir, folder, previous); err != nil {
+	if err := cleanup(fo, folder, previous); err != nil {
 		log.Warn().Str("error", err.Error()).Msg("old credential versions not removed; the next rotation tries again")
 	}
 	log.Info().Str("client_id", data.ClientID).Msg("credential applied")
-	return result{outcome: OutcomeApplied, data: Applied{Hive: data.Hive, Version: data.Version, ClientID: data.ClientID}}
+	return result{outcome: OutcomeApplied, data: Applied{Hive: data.Hive, Version: data.Version, ClientID: data.ClientID}, folder: folder}
 }

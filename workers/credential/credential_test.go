@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -298,17 +299,25 @@ func TestRefusalsLeaveFilesInPlace(t *testing.T) {
 	}
 	outcomes, dead := 2, 0
 	for _, r := range refusals {
+		attempts := h.attempts.Load()
 		h.publish(r.version, r.clientID, r.secret)
 		outcomes++
-		dead++
 		got := h.waitOutcomes(outcomes)
 		ref := outcomeData[credential.Refused](t, got[outcomes-1], typeRefused)
 		if ref.Hive != h.name || ref.Version != r.version || !strings.Contains(ref.Reason, r.reason) || !strings.Contains(ref.Reason, "left as they were (version 3)") {
 			t.Errorf("%s: refused outcome %+v, want a reason with %q naming version 3 kept", r.name, ref, r.reason)
 		}
-		dl := h.waitDeadLetters(dead)
-		if last := dl[dead-1]; !strings.Contains(last.Reason, r.reason) || !strings.Contains(last.Reason, h.name) {
-			t.Errorf("%s: dead letter reason %q, want %q and the hive", r.name, last.Reason, r.reason)
+		// A refusal is settled with its outcome: one delivery, no dead
+		// letter, and the runtime's line names the reason.
+		workertest.WaitIdle(t, js, h.consumer())
+		if n := h.attempts.Load() - attempts; n != 1 {
+			t.Errorf("%s: %d deliveries, want 1 (a refusal is not retried)", r.name, n)
+		}
+		if dl := h.deadLetters(); len(dl) != 0 {
+			t.Errorf("%s: a refusal was dead-lettered: %s", r.name, dl[0].Reason)
+		}
+		if !h.logged("event refused by the worker's rules", r.reason) {
+			t.Errorf("%s: no log line says the event was refused with %q", r.name, r.reason)
 		}
 		sameSnapshot(t, r.name, before, snapshot(t, h.cfg.CredentialDir))
 	}
@@ -317,7 +326,8 @@ func TestRefusalsLeaveFilesInPlace(t *testing.T) {
 		t.Errorf("the wrong-recipient refusal does not name the recipient to encrypt to: %s", ref.Reason)
 	}
 
-	// Stale versions are acknowledged and skipped, not refused.
+	// Stale versions are refused as stale: reported skipped, settled,
+	// never a dead letter.
 	for _, v := range []uint64{2, 3} {
 		h.publish(v, "client-stale", h.encrypt("s3cr3t-stale-"+randomHex(t)))
 		outcomes++
@@ -327,6 +337,10 @@ func TestRefusalsLeaveFilesInPlace(t *testing.T) {
 			t.Errorf("stale version %d: outcome %+v", v, sk)
 		}
 		sameSnapshot(t, fmt.Sprintf("stale version %d", v), before, snapshot(t, h.cfg.CredentialDir))
+	}
+	workertest.WaitIdle(t, js, h.consumer())
+	if dl := h.deadLetters(); len(dl) != 0 {
+		t.Fatalf("a stale version was dead-lettered: %s", dl[0].Reason)
 	}
 
 	// What the schema or the runtime refuses never reaches the handler: a
@@ -416,9 +430,11 @@ func TestAnotherHiveIsRefusedByTheHandler(t *testing.T) {
 	if ref.Hive != "hive-b" || !strings.Contains(ref.Reason, `this worker serves hive "hive-a"`) {
 		t.Fatalf("refusal %+v", ref)
 	}
-	dl := workertest.DeadLetters(t, js, credential.Name, "wide")
-	if len(dl) != 1 || !strings.Contains(dl[0].Reason, `is for hive "hive-b"`) || dl[0].Delivered != 1 {
-		t.Fatalf("dead letters %+v", dl)
+	if dl := workertest.DeadLetters(t, js, credential.Name, "wide"); len(dl) != 0 {
+		t.Fatalf("the refusal was dead-lettered: %+v", dl)
+	}
+	if !h.logged("event refused by the worker's rules", `is for hive \"hive-b\"`) {
+		t.Fatal("no log line says the other hive's event was refused")
 	}
 	h.checkPair("client-a", good)
 	for _, l := range strings.Split(h.logs.String(), "\n") {
@@ -429,9 +445,10 @@ func TestAnotherHiveIsRefusedByTheHandler(t *testing.T) {
 }
 
 // TestRetryableFailuresAreRetriedThenApplied makes the write fail in ways an
-// operator fixes (the directory is a file, is missing, or holds something
-// the worker will not remove) and checks the event is retried loudly, then
-// applied, with no placeholder ever written.
+// operator fixes (the directory is a file, or holds something the worker
+// will not remove) and checks the event is retried loudly, then applied,
+// with no placeholder ever written; once the file is gone, the worker makes
+// the missing folder itself (issue 14).
 func TestRetryableFailuresAreRetriedThenApplied(t *testing.T) {
 	srv := workertest.StartServer(t)
 	js := srv.JetStream(t)
@@ -460,22 +477,17 @@ func TestRetryableFailuresAreRetriedThenApplied(t *testing.T) {
 		t.Fatalf("want an error line per failed delivery naming the state found, got %d: %v", len(loud), loud)
 	}
 
-	// Then it is missing (a mount that is not there yet): still retried,
-	// nothing created.
+	// Then the file is removed: the folder is missing, which is the
+	// worker's to create.
 	if err := os.Remove(dir); err != nil {
-		t.Fatal(err)
-	}
-	n := h.attempts.Load()
-	workertest.WaitUntil(t, "three more failed deliveries", func() bool { return h.attempts.Load() >= n+3 })
-	if _, err := os.Lstat(dir); !isNotExist(err) {
-		t.Fatalf("the worker created the missing credential directory: %v", err)
-	}
-	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	got := h.waitOutcomes(1)
 	outcomeData[credential.Applied](t, got[0], typeApplied)
 	h.checkPair("client-one", s1)
+	if fi, err := os.Lstat(dir); err != nil || fi.Mode() != fs.ModeDir|0o755 {
+		t.Fatalf("the folder the worker made: %v, %v; want drwxr-xr-x", fi.Mode(), err)
+	}
 
 	// A leftover the worker will not remove blocks the swap: the old pair
 	// stays readable while version 2 is retried.
@@ -483,7 +495,7 @@ func TestRetryableFailuresAreRetriedThenApplied(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(obstacle, "keep"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	n = h.attempts.Load()
+	n := h.attempts.Load()
 	s2 := "s3cr3t-f2-" + randomHex(t)
 	h.publish(2, "client-two", h.encrypt(s2))
 	workertest.WaitUntil(t, "three failed swaps", func() bool { return h.attempts.Load() >= n+3 })
@@ -525,7 +537,8 @@ func TestReplayChangesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(results) != 2 || results[0].Err != nil || results[1].Err != nil {
+	// Both versions are in place already, so both are refused as stale.
+	if len(results) != 2 || !workers.IsRefused(results[0].Err) || !workers.IsRefused(results[1].Err) {
 		t.Fatalf("replay results %+v", results)
 	}
 	sameSnapshot(t, "replay", before, snapshot(t, h.cfg.CredentialDir))

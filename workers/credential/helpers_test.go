@@ -72,9 +72,23 @@ type hive struct {
 	attempts atomic.Int64
 	// secrets are the plaintexts this test sent; none may leak.
 	secrets [][]byte
+	// handle, when set before start, handles deliveries instead of w (to
+	// play a crash between the steps of a delivery).
+	handle workers.HandlerFunc
 }
 
 func newHive(t *testing.T, js jetstream.JetStream, name string) *hive {
+	t.Helper()
+	return newHiveWith(t, js, name, func(cfg *credential.Config) {
+		if err := os.Mkdir(cfg.CredentialDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// newHiveWith is newHive with the configuration (and the world) set up by
+// prepare instead of a ready credential folder.
+func newHiveWith(t *testing.T, js jetstream.JetStream, name string, prepare func(cfg *credential.Config)) *hive {
 	t.Helper()
 	base := t.TempDir()
 	idPath := filepath.Join(base, "identity.txt")
@@ -83,9 +97,7 @@ func newHive(t *testing.T, js jetstream.JetStream, name string) *hive {
 		t.Fatal(err)
 	}
 	cfg := credential.Config{Hive: name, AgeIdentity: idPath, CredentialDir: filepath.Join(base, "files")}
-	if err := os.Mkdir(cfg.CredentialDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	prepare(&cfg)
 	w, err := credential.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -99,6 +111,9 @@ func (h *hive) start(spec workers.Spec) *workertest.Running {
 	h.t.Helper()
 	handler := workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
 		h.attempts.Add(1)
+		if h.handle != nil {
+			return h.handle(ctx, d)
+		}
 		return h.w.Handle(ctx, d)
 	})
 	return workertest.Start(h.t, h.js, spec, handler,
@@ -148,6 +163,23 @@ func publishRaw(t *testing.T, js jetstream.JetStream, subject, key string, data 
 	if _, err := js.PublishMsg(context.Background(), msg); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// consumer is the worker's durable consumer.
+func (h *hive) consumer() string { return credential.Name + "-" + h.name }
+
+// logged says whether one log line holds every one of parts.
+func (h *hive) logged(parts ...string) bool {
+	for _, l := range strings.Split(h.logs.String(), "\n") {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(l, p)
+		}
+		if all {
+			return true
+		}
+	}
+	return false
 }
 
 func (h *hive) outcomes() []event.Event {

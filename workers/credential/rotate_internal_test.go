@@ -35,6 +35,28 @@ func newTestWorker(t testing.TB) (*Worker, string) {
 
 func noSave(string) error { return nil }
 
+// openAt opens the credential folder as a rotation does, for a test.
+func openAt(t testing.TB, dir string) *folder {
+	t.Helper()
+	fo, err := openFolder(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fo.close)
+	return fo
+}
+
+// readAt reads the applied version of dir as a rotation does: open and
+// check the folder, then read ..data.
+func readAt(dir string) (applied, error) {
+	fo, err := openFolder(dir)
+	if err != nil {
+		return applied{}, err
+	}
+	defer fo.close()
+	return readApplied(fo)
+}
+
 func rotation(t testing.TB, recipient string, version uint64, clientID, secret string) events.CredentialRotated {
 	t.Helper()
 	ct, err := agekey.Encrypt(recipient, []byte(secret))
@@ -81,8 +103,8 @@ func TestHandlerRefusesEmptyFields(t *testing.T) {
 	}
 	for name, data := range cases {
 		r := w.rotate(data, "ev-"+name, "", noSave, log)
-		if r.outcome != OutcomeRefused || !workers.IsPermanent(r.err) {
-			t.Errorf("%s: outcome %q, error %v; want a permanent refusal", name, r.outcome, r.err)
+		if r.outcome != OutcomeRefused || !workers.IsRefused(r.err) || workers.IsPermanent(r.err) {
+			t.Errorf("%s: outcome %q, error %v; want a refusal (workers.Refused, not a dead letter)", name, r.outcome, r.err)
 			continue
 		}
 		ref := r.data.(Refused)
@@ -109,7 +131,6 @@ func TestReadAppliedNeverTakesAnUnreadableStateForNone(t *testing.T) {
 		return dir
 	}
 	unreadable := map[string]string{
-		"missing directory": filepath.Join(base, "absent"),
 		"directory is a file": func() string {
 			p := filepath.Join(base, "file")
 			os.WriteFile(p, nil, 0o644)
@@ -136,21 +157,21 @@ func TestReadAppliedNeverTakesAnUnreadableStateForNone(t *testing.T) {
 		}),
 	}
 	for name, dir := range unreadable {
-		if got, err := readApplied(dir); err == nil {
+		if got, err := readAt(dir); err == nil {
 			t.Errorf("%s: read as version %d, want an error", name, got.version)
 		} else if !strings.Contains(err.Error(), dir) {
 			t.Errorf("%s: the error %q does not name the path", name, err)
 		}
 	}
 	empty := mk("empty", func(string) {})
-	if got, err := readApplied(empty); err != nil || got.version != 0 {
+	if got, err := readAt(empty); err != nil || got.version != 0 {
 		t.Fatalf("an empty directory: %+v, %v; want version 0", got, err)
 	}
 	ours := mk("ours", func(d string) {
 		os.Mkdir(filepath.Join(d, "..v42-123"), 0o755)
 		os.Symlink("..v42-123", filepath.Join(d, DataLink))
 	})
-	if got, err := readApplied(ours); err != nil || got.version != 42 || got.folder != "..v42-123" {
+	if got, err := readAt(ours); err != nil || got.version != 42 || got.folder != "..v42-123" {
 		t.Fatalf("version 42: %+v, %v", got, err)
 	}
 }
@@ -163,16 +184,18 @@ func TestResumeAfterCrash(t *testing.T) {
 
 	// Crash after the swap, before the stable links: the redelivery (with
 	// its saved stage) finishes and reports applied.
-	folder, err := writeVersion(w.dir, 1, "client-1", []byte("s3cr3t-1"))
+	fo := openAt(t, w.dir)
+	folder, err := writeVersion(fo, 1, "client-1", []byte("s3cr3t-1"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := swap(w.dir, folder); err != nil {
+	if _, err := swap(fo, folder); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(w.dir, SecretFile)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("setup: stable link exists: %v", err)
 	}
+	fo.close()
 	r := w.rotate(data, "ev-1", folder, noSave, log)
 	if r.outcome != OutcomeApplied || r.err != nil {
 		t.Fatalf("resume: %s %v", r.outcome, r.err)
@@ -185,7 +208,7 @@ func TestResumeAfterCrash(t *testing.T) {
 	// and missing links are put back all the same.
 	os.Remove(filepath.Join(w.dir, SecretFile))
 	r = w.rotate(data, "ev-dup", "", noSave, log)
-	if r.outcome != OutcomeSkipped || r.err != nil || r.data.(Skipped).Applied != 1 {
+	if r.outcome != OutcomeSkipped || !workers.IsRefused(r.err) || r.data.(Skipped).Applied != 1 {
 		t.Fatalf("duplicate version: %s %+v %v", r.outcome, r.data, r.err)
 	}
 	if s, err := os.ReadFile(filepath.Join(w.dir, SecretFile)); err != nil || string(s) != "s3cr3t-1" {
@@ -194,10 +217,12 @@ func TestResumeAfterCrash(t *testing.T) {
 
 	// Crash after writing a folder, before the swap: the orphan is not
 	// current and the next rotation removes it.
-	orphan, err := writeVersion(w.dir, 7, "client-7", []byte("s3cr3t-7"))
+	fo = openAt(t, w.dir)
+	orphan, err := writeVersion(fo, 7, "client-7", []byte("s3cr3t-7"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	fo.close()
 	if r := w.rotate(rotation(t, recipient, 2, "client-2", "s3cr3t-2"), "ev-2", "", noSave, log); r.outcome != OutcomeApplied {
 		t.Fatalf("after an orphan: %s %v", r.outcome, r.err)
 	}
@@ -266,14 +291,16 @@ func TestConcurrentWritersNeverRollBack(t *testing.T) {
 				return
 			default:
 			}
-			cur, err := readApplied(a.dir)
+			// As a reader does, without the writers' lock.
+			target, err := os.Readlink(filepath.Join(a.dir, DataLink))
 			if err != nil {
 				continue
 			}
-			if cur.version < last && len(backwards) < 5 {
-				backwards = append(backwards, fmt.Sprintf("version %d after %d", cur.version, last))
+			v, _ := parseVersionFolder(target)
+			if v < last && len(backwards) < 5 {
+				backwards = append(backwards, fmt.Sprintf("version %d after %d", v, last))
 			}
-			last = max(last, cur.version)
+			last = max(last, v)
 		}
 	}()
 	errs := make(chan error, 2)
@@ -281,7 +308,8 @@ func TestConcurrentWritersNeverRollBack(t *testing.T) {
 		go func() {
 			for v := uint64(1 + i); v <= top; v += 2 {
 				data := events.CredentialRotated{Hive: "h1", Version: v, ClientID: fmt.Sprintf("client-%d", v), Secret: ciphertext}
-				if r := w.rotate(data, "ev", "", noSave, zerolog.Nop()); r.err != nil {
+				// A version the other writer overtook is refused as stale.
+				if r := w.rotate(data, "ev", "", noSave, zerolog.Nop()); r.err != nil && !workers.IsRefused(r.err) {
 					errs <- r.err
 					return
 				}
