@@ -177,7 +177,24 @@ func (w *Worker) Spec() workers.Spec {
 		Types:    []string{events.TypeGrantChanged},
 		// The catalog names these outcomes grant.applied and grant.refused.
 		OutcomeNoun: OutcomeNoun,
+		// A grant is the whole desired state of the machine: of several
+		// not yet applied, only the newest generation matters.
+		Rank: w.rank,
 	}
+}
+
+// rank is a grant's place in its machine's order, its generation, once it
+// passes the checks Handle refuses by; a grant that fails them ranks
+// nowhere and supersedes nothing.
+func (w *Worker) rank(_ context.Context, d *workers.Delivery) (uint64, error) {
+	var g events.GrantChanged
+	if err := d.DataAs(&g); err != nil {
+		return 0, err
+	}
+	if r := w.checkGrant(g); r != nil {
+		return 0, r
+	}
+	return g.Generation, nil
 }
 
 // Close closes the connection pool.
