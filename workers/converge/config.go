@@ -41,7 +41,7 @@ type Config struct {
 	// the durable consumer and the outcomes' subject.
 	Install string
 	// Registry is where releases are read: a directory or an https base
-	// URL holding <version>/manifest.json and manifest.json.sig.
+	// URL holding <version>/manifest.json and manifest.json.sigstore.json (or the legacy manifest.json.sig).
 	Registry string
 	// ReleaseKey is the PEM (PKIX) file of the public key releases are
 	// signed with: ECDSA P-256 as cosign writes it, or ed25519.
@@ -85,7 +85,7 @@ type Config struct {
 // STEWARD_* settings without the prefix.
 func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Install, "install", c.Install, "the install this worker converges (one subject token)")
-	fs.StringVar(&c.Registry, "registry", c.Registry, "release registry: a directory or an https base URL holding <version>/manifest.json and manifest.json.sig")
+	fs.StringVar(&c.Registry, "registry", c.Registry, "release registry: a directory or an https base URL holding <version>/manifest.json and manifest.json.sigstore.json (or the legacy manifest.json.sig)")
 	fs.StringVar(&c.ReleaseKey, "release-key", c.ReleaseKey, "PEM (PKIX) public key that signs releases (ECDSA P-256 as cosign writes it, or ed25519)")
 	fs.StringVar(&c.InstalledVersion, "installed-version", c.InstalledVersion, "version the install runs at the worker's first start (ignored once a version is recorded)")
 	runner := c.Runner
@@ -133,7 +133,7 @@ func (c Config) check() (*checked, error) {
 		return nil, fmt.Errorf("--install: %w", err)
 	}
 	if c.Registry == "" {
-		return nil, fmt.Errorf("--registry is required: a directory or an https base URL holding <version>/manifest.json and manifest.json.sig")
+		return nil, fmt.Errorf("--registry is required: a directory or an https base URL holding <version>/manifest.json and manifest.json.sigstore.json (or the legacy manifest.json.sig)")
 	}
 	reg, err := newRegistry(c.Registry, c.httpClient)
 	if err != nil {

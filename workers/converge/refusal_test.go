@@ -85,7 +85,7 @@ func TestRefusals(t *testing.T) {
 		{"below minFromVersion", "2.1.0", "", ruleMinFrom, []string{"release 2.1.0 needs at least 1.5.0 installed but 1.0.0 is"}},
 		{"not in the registry", "3.0.0", "", ruleNotFound, []string{"release 3.0.0 has no manifest.json in registry"}},
 		{"unsigned", "2.0.9", "", ruleNotFound, []string{"release 2.0.9 has neither manifest.json.sigstore.json nor manifest.json.sig", "an unsigned release is never applied"}},
-		{"unknown manifest field", "2.0.10", "", ruleManifest, []string{"not a schema 1 manifest", `unknown field "env"`}},
+		{"unknown manifest field", "2.0.10", "", ruleManifest, []string{"not a schema 1 manifest", `key "env" in $ is not a field of the document`}},
 	}
 
 	fake := cloudrunfake.Start(t)
@@ -260,7 +260,7 @@ func TestCheckManifestRules(t *testing.T) {
 	}{
 		{"schema 2", strings.Replace(ok, `"schema":1`, `"schema":2`, 1), ruleManifest, "has schema 2"},
 		{"not JSON", "schema: 1", ruleManifest, "not a schema 1 manifest"},
-		{"two objects", ok + ok, ruleManifest, "data after its JSON object"},
+		{"two objects", ok + ok, ruleManifest, "data after the document"},
 		{"bad minFromVersion", strings.Replace(ok, `"minFromVersion":"1.0.0"`, `"minFromVersion":"1.0"`, 1), ruleManifest, `minFromVersion "1.0"`},
 		{"no minFromVersion", strings.Replace(ok, `"minFromVersion":"1.0.0",`, ``, 1), ruleManifest, `minFromVersion ""`},
 		{"bad publishedAt", strings.Replace(ok, `2026-03-01T12:00:00Z`, `yesterday`, 1), ruleManifest, `publishedAt "yesterday"`},

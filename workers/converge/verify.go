@@ -1,7 +1,6 @@
 package converge
 
 import (
-	"bytes"
 	"context"
 	"crypto"
 	"crypto/ecdsa"
@@ -13,7 +12,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math/big"
 	"os"
 	"path/filepath"
@@ -27,6 +25,7 @@ import (
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/atomicfile"
 	"github.com/steward-dev/steward/internal/signing"
+	"github.com/steward-dev/steward/internal/strictjson"
 )
 
 // The rules a release can be refused by, as the "rule" of a refused
@@ -164,18 +163,14 @@ func verifySignature(key crypto.PublicKey, keyID, version string, ev Evidence) e
 	return nil
 }
 
-// decodeManifest decodes a signed manifest, refusing unknown fields and
-// trailing data.
+// decodeManifest decodes a signed manifest exactly as a reviewer reads it
+// (issue 12, finding 10): encoding/json alone matches keys to fields without
+// regard to case and lets the last of two equal keys win, so a manifest
+// showing "opsImage" could run the image under "OpsImage". strictjson
+// refuses duplicate keys, keys that are not a field's exact name, unknown
+// keys and trailing data.
 func decodeManifest(raw []byte, m *Manifest) error {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(m); err != nil {
-		return err
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return errors.New("it has data after its JSON object")
-	}
-	return nil
+	return strictjson.Decode(raw, m)
 }
 
 // checkManifest verifies a release's evidence and decides whether an
