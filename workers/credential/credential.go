@@ -178,7 +178,33 @@ func (w *Worker) Spec() workers.Spec {
 		Instance: w.hive,
 		Subjects: []string{events.EventsPrefix + ".credential.rotated." + w.hive},
 		Types:    []string{events.TypeCredentialRotated},
+		// A rotation is the hive's whole current credential: of several
+		// not yet applied, only the newest version matters.
+		Rank: w.rank,
 	}
+}
+
+// rank is a rotation's place in the hive's order, its version, once it
+// passes what Handle refuses by (this hive, both fields, a secret that
+// opens with the hive's identity and is not blank); a rotation that fails
+// ranks nowhere, so a forged huge version supersedes nothing.
+func (w *Worker) rank(_ context.Context, d *workers.Delivery) (uint64, error) {
+	var data events.CredentialRotated
+	if err := d.DataAs(&data); err != nil {
+		return 0, err
+	}
+	if data.Hive != w.hive || strings.TrimSpace(data.ClientID) == "" || strings.TrimSpace(data.Secret) == "" {
+		return 0, fmt.Errorf("rotation %s for hive %s is not one Handle would apply", d.Event.ID(), data.Hive)
+	}
+	secret, err := w.open(data.Version, data.Secret)
+	if err != nil {
+		return 0, err
+	}
+	defer clear(secret)
+	if len(bytes.TrimSpace(secret)) == 0 {
+		return 0, fmt.Errorf("rotation %s for hive %s has a blank secret", d.Event.ID(), data.Hive)
+	}
+	return data.Version, nil
 }
 
 // Close releases nothing: the worker holds no open resources between events.
