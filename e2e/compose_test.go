@@ -545,7 +545,7 @@ func testCompose(t *testing.T, name string, files []string, replicas, natsNodes 
 	upIn := time.Since(start)
 
 	b := connect(t, r.mapAddrs("converge", r.declared("converge", "STEWARD_NATS_URL")))
-	for _, s := range []string{publisher.StreamEvents, publisher.StreamOutcomes, publisher.StreamDLQ, "KV_" + workers.CheckpointBucket} {
+	for _, s := range []string{events.StreamEvents, events.StreamOutcomes, events.StreamDLQ, "KV_" + workers.CheckpointBucket} {
 		got, err := streamReplicas(b, s)
 		if err != nil || got != replicas {
 			t.Errorf("stream %s has %d replicas (%v); want %d", s, got, err, replicas)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/steward-dev/steward/publisher"
+	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/workers"
 )
 
@@ -93,14 +93,14 @@ func TestFaultClusterLeaderKilled(t *testing.T) {
 	const (
 		keys     = 30
 		versions = 20
-		events   = keys * versions
+		total    = keys * versions
 	)
 	c := startCluster(t, "steward-e2e", 3)
 	b := connect(t, c.urls())
 	b.ensureStreams(t, 3)
 	fw := startFaultWorker(t, "cluster", c.urls(), 3)
 
-	for _, name := range []string{publisher.StreamEvents, publisher.StreamOutcomes, publisher.StreamDLQ, "KV_" + workers.CheckpointBucket} {
+	for _, name := range []string{events.StreamEvents, events.StreamOutcomes, events.StreamDLQ, "KV_" + workers.CheckpointBucket} {
 		replicas, err := streamReplicas(b, name)
 		if err != nil || replicas != 3 {
 			t.Fatalf("stream %s: %d replicas (%v); want 3", name, replicas, err)
@@ -115,9 +115,9 @@ func TestFaultClusterLeaderKilled(t *testing.T) {
 
 	waitFor(t, "a third of the events acknowledged", 2*time.Minute, func() (bool, string) {
 		n := pub.count()
-		return n >= events/3, strconv.Itoa(n) + " acknowledged"
+		return n >= total/3, strconv.Itoa(n) + " acknowledged"
 	})
-	ci, err := streamCluster(b, publisher.StreamEvents)
+	ci, err := streamCluster(b, events.StreamEvents)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +133,7 @@ func TestFaultClusterLeaderKilled(t *testing.T) {
 
 	var newLeader string
 	election := waitFor(t, "a new stream leader", time.Minute, func() (bool, string) {
-		ci, err := streamCluster(b, publisher.StreamEvents)
+		ci, err := streamCluster(b, events.StreamEvents)
 		if err != nil {
 			return false, err.Error()
 		}
@@ -142,7 +142,7 @@ func TestFaultClusterLeaderKilled(t *testing.T) {
 	})
 	waitFor(t, "a publish acknowledged after the kill", time.Minute, func() (bool, string) {
 		_, ok := pub.ackedAfter(killed)
-		return ok || pub.count() == events, strconv.Itoa(pub.count()) + " acknowledged"
+		return ok || pub.count() == total, strconv.Itoa(pub.count()) + " acknowledged"
 	})
 	pubRecover, _ := pub.ackedAfter(killed)
 	waitFor(t, "the worker settles events after the kill", time.Minute, func() (bool, string) {
@@ -157,7 +157,7 @@ func TestFaultClusterLeaderKilled(t *testing.T) {
 	// The killed node comes back while events still flow and must catch up.
 	waitFor(t, "two thirds of the events acknowledged", 2*time.Minute, func() (bool, string) {
 		n := pub.count()
-		return n >= 2*events/3, strconv.Itoa(n) + " acknowledged"
+		return n >= 2*total/3, strconv.Itoa(n) + " acknowledged"
 	})
 	leader.p.start()
 	leader.waitHealthy(t, "?js-enabled-only=true")
@@ -166,8 +166,8 @@ func TestFaultClusterLeaderKilled(t *testing.T) {
 	waitFor(t, fw.consumer()+" has settled every event", 2*time.Minute, func() (bool, string) {
 		return b.consumerIdle(fw.consumer())
 	})
-	catchUp := waitFor(t, "every replica of "+publisher.StreamEvents+" is current", 2*time.Minute, func() (bool, string) {
-		ci, err := streamCluster(b, publisher.StreamEvents)
+	catchUp := waitFor(t, "every replica of "+events.StreamEvents+" is current", 2*time.Minute, func() (bool, string) {
+		ci, err := streamCluster(b, events.StreamEvents)
 		if err != nil {
 			return false, err.Error()
 		}
@@ -186,7 +186,7 @@ func TestFaultClusterLeaderKilled(t *testing.T) {
 	}
 
 	summary(t, "fault3-cluster-leader-killed",
-		"events", events, "nodes", 3, "replicas", 3, "killed", leader.name+"(leader)", "new_leader", newLeader,
+		"events", total, "nodes", 3, "replicas", 3, "killed", leader.name+"(leader)", "new_leader", newLeader,
 		"worker_restarts", fw.starts-1, "publish_retries", pub.failures, "deduplicated_acks", pub.dups,
 		"applied", v.applied, "superseded", v.superseded,
 		"lost", v.lost, "duplicates_applied", v.duplicates, "backwards", v.backwards,

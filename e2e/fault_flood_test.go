@@ -22,7 +22,6 @@ import (
 	"github.com/steward-dev/steward/internal/signing"
 	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers/join"
-	"github.com/steward-dev/steward/workers/workertest"
 )
 
 // floodEvent is one event of the flood: either valid (published through the
@@ -322,7 +321,7 @@ func TestFaultMalformedFlood(t *testing.T) {
 	}
 	drained := time.Since(start)
 
-	dead := map[uint64]workertest.DeadLetter{}
+	dead := map[uint64]events.DeadLetter{}
 	for _, dl := range append(b.deadLetters(t, "credential", floodHive), b.deadLetters(t, "join", floodBox)...) {
 		if _, dup := dead[dl.Sequence]; dup {
 			t.Errorf("event at sequence %d is in the DLQ twice", dl.Sequence)

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/steward-dev/steward/publisher"
+	"github.com/steward-dev/steward/events"
 )
 
 // seed returns the seed of a test's random choices: STEWARD_E2E_SEED when
@@ -41,7 +41,7 @@ func TestFaultWorkerKilled(t *testing.T) {
 	const (
 		keys     = 50
 		versions = 20
-		events   = keys * versions
+		total    = keys * versions
 		kills    = 12
 	)
 	rng := rand.New(rand.NewPCG(seed(t), 1))
@@ -67,7 +67,7 @@ func TestFaultWorkerKilled(t *testing.T) {
 		}
 		return n, strconv.FormatUint(n, 10) + " settled"
 	}
-	points := randomPoints(rng.IntN, kills, 20, events-20)
+	points := randomPoints(rng.IntN, kills, 20, total-20)
 	var recoveries durations
 	restarts := 0
 	for _, at := range points {
@@ -87,7 +87,7 @@ func TestFaultWorkerKilled(t *testing.T) {
 		// had not pulled yet (held events come back after AckWait). When
 		// the killed one had settled everything, being ready is all there
 		// is to recover.
-		if before >= events {
+		if before >= total {
 			chaos.waitReady(t)
 		} else {
 			waitFor(t, "chaos settles events again after a restart", 2*time.Minute, func() (bool, string) {
@@ -109,20 +109,20 @@ func TestFaultWorkerKilled(t *testing.T) {
 	}
 	elapsed := time.Since(start)
 
-	stored := b.streamIDs(t, publisher.StreamEvents)
+	stored := b.streamIDs(t, events.StreamEvents)
 	lostPub, dupStored := lostAcked(pub.acked, stored)
 	chaosV := judge(chaos.log(t), pub.acked, list)
 	calmV := judge(calm.log(t), pub.acked, list)
-	dead := b.streamIDs(t, publisher.StreamDLQ)
+	dead := b.streamIDs(t, events.StreamDLQ)
 
-	if len(pub.acked) != events || lostPub != 0 || dupStored != 0 {
-		t.Errorf("published %d of %d events; %d acknowledged ones missing from the stream, %d stored twice", len(pub.acked), events, lostPub, dupStored)
+	if len(pub.acked) != total || lostPub != 0 || dupStored != 0 {
+		t.Errorf("published %d of %d events; %d acknowledged ones missing from the stream, %d stored twice", len(pub.acked), total, lostPub, dupStored)
 	}
 	if len(dead) != 0 {
 		t.Errorf("%d events in the DLQ; none should be", len(dead))
 	}
-	if calmV.applied != events || calmV.lost+calmV.duplicates+calmV.backwards+calmV.superseded+calmV.stale != 0 {
-		t.Errorf("the reference worker: %+v; want all %d applied once, in order", calmV, events)
+	if calmV.applied != total || calmV.lost+calmV.duplicates+calmV.backwards+calmV.superseded+calmV.stale != 0 {
+		t.Errorf("the reference worker: %+v; want all %d applied once, in order", calmV, total)
 	}
 	if chaosV.lost != 0 || chaosV.duplicates != 0 || chaosV.backwards != 0 {
 		t.Errorf("the killed worker: %+v; want nothing lost, applied twice or moved backwards", chaosV)
@@ -134,8 +134,8 @@ func TestFaultWorkerKilled(t *testing.T) {
 			}
 		}
 	}
-	if chaosV.applied+chaosV.superseded != events {
-		t.Errorf("the killed worker applied %d and skipped %d as superseded; want %d together", chaosV.applied, chaosV.superseded, events)
+	if chaosV.applied+chaosV.superseded != total {
+		t.Errorf("the killed worker applied %d and skipped %d as superseded; want %d together", chaosV.applied, chaosV.superseded, total)
 	}
 	calmState, chaosState := calm.state(t), chaos.state(t)
 	if d := checkEndState(calmState, keys, versions); len(d) > 0 {
@@ -151,11 +151,11 @@ func TestFaultWorkerKilled(t *testing.T) {
 	}
 
 	summary(t, "fault1-worker-killed",
-		"events", events, "keys", keys, "kills", len(points), "restarts", restarts,
+		"events", total, "keys", keys, "kills", len(points), "restarts", restarts,
 		"applied", chaosV.applied, "superseded", chaosV.superseded, "recovered_logs", chaosV.recovered,
 		"stale_deliveries", chaosV.stale,
 		"lost", chaosV.lost, "duplicates_applied", chaosV.duplicates, "backwards", chaosV.backwards,
 		"recover_mean", round(recoveries.mean()), "recover_max", round(recoveries.max()),
-		"elapsed", round(elapsed), "rate", rate(events, elapsed))
+		"elapsed", round(elapsed), "rate", rate(total, elapsed))
 	t.Logf("recovery after each restart: %v", recoveries)
 }

@@ -9,8 +9,7 @@ import (
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
-
-	"github.com/steward-dev/steward/publisher"
+	"github.com/steward-dev/steward/events"
 )
 
 // TestFaultNATSRestart is fault 2. Invariant: with sync_interval: always,
@@ -21,7 +20,7 @@ func TestFaultNATSRestart(t *testing.T) {
 	const (
 		keys     = 30
 		versions = 20
-		events   = keys * versions
+		total    = keys * versions
 	)
 	n := startNATS(t, "n1")
 	b := connect(t, n.url())
@@ -37,7 +36,7 @@ func TestFaultNATSRestart(t *testing.T) {
 	var pubRecover, workRecover, outage durations
 	var acks [2]int
 	for i, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
-		at := (i + 1) * events / 3
+		at := (i + 1) * total / 3
 		waitFor(t, fmt.Sprintf("%d events acknowledged", at), 2*time.Minute, func() (bool, string) {
 			n := pub.count()
 			return n >= at, strconv.Itoa(n) + " acknowledged"
@@ -54,7 +53,7 @@ func TestFaultNATSRestart(t *testing.T) {
 		n.p.start()
 		waitFor(t, "a publish is acknowledged after the restart", time.Minute, func() (bool, string) {
 			_, ok := pub.ackedAfter(restarted)
-			return ok || pub.count() == events, strconv.Itoa(pub.count()) + " acknowledged"
+			return ok || pub.count() == total, strconv.Itoa(pub.count()) + " acknowledged"
 		})
 		if d, ok := pub.ackedAfter(restarted); ok {
 			pubRecover = append(pubRecover, d)
@@ -81,7 +80,7 @@ func TestFaultNATSRestart(t *testing.T) {
 	}
 
 	summary(t, "fault2-nats-restart",
-		"events", events, "server_restarts", 2, "signals", "SIGTERM,SIGKILL", "worker_restarts", fw.starts-1,
+		"events", total, "server_restarts", 2, "signals", "SIGTERM,SIGKILL", "worker_restarts", fw.starts-1,
 		"publish_retries", pub.failures, "deduplicated_acks", pub.dups, "applied", v.applied, "superseded", v.superseded,
 		"lost", v.lost, "duplicates_applied", v.duplicates, "backwards", v.backwards,
 		"outage_max", round(outage.max()),
@@ -98,12 +97,12 @@ func TestFaultNATSRestart(t *testing.T) {
 // its last version.
 func checkStreamRun(t testing.TB, b *bus, fw *faultWorker, pub *publisherRun, list []event.Event, keys, versions int) verdict {
 	t.Helper()
-	stored := b.streamIDs(t, publisher.StreamEvents)
+	stored := b.streamIDs(t, events.StreamEvents)
 	lost, dupStored := lostAcked(pub.acked, stored)
 	if len(pub.acked) != len(list) || lost != 0 || dupStored != 0 {
 		t.Errorf("%d of %d events acknowledged; %d acknowledged ones missing from the stream, %d stored twice", len(pub.acked), len(list), lost, dupStored)
 	}
-	if dead := b.streamIDs(t, publisher.StreamDLQ); len(dead) != 0 {
+	if dead := b.streamIDs(t, events.StreamDLQ); len(dead) != 0 {
 		t.Errorf("%d events in the DLQ; none should be", len(dead))
 	}
 	v := judge(fw.log(t), pub.acked, list)

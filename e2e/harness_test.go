@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -26,8 +25,6 @@ import (
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/streamread"
 	"github.com/steward-dev/steward/publisher"
-	"github.com/steward-dev/steward/workers"
-	"github.com/steward-dev/steward/workers/workertest"
 )
 
 // bins are the binaries TestMain builds once, without -race whatever the
@@ -441,12 +438,12 @@ func connect(t testing.TB, urls string) *bus {
 // leaders.
 func (b *bus) ensureStreams(t testing.TB, replicas int) {
 	t.Helper()
-	cfg := publisher.DefaultStreamConfig()
+	cfg := events.DefaultStreamConfig()
 	cfg.Replicas = replicas
 	waitFor(t, fmt.Sprintf("the streams exist with %d replicas", replicas), 60*time.Second, func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if err := publisher.EnsureStreams(ctx, b.js, cfg); err != nil {
+		if err := events.EnsureStreams(ctx, b.js, cfg); err != nil {
 			return false, err.Error()
 		}
 		return true, ""
@@ -513,19 +510,17 @@ func (b *bus) each(stream string, subjects []string, fn func(jetstream.Msg) erro
 }
 
 // deadLetters returns a worker instance's dead letters, in order.
-func (b *bus) deadLetters(t testing.TB, worker, instance string) []workertest.DeadLetter {
+func (b *bus) deadLetters(t testing.TB, worker, instance string) []events.DeadLetter {
 	t.Helper()
-	var out []workertest.DeadLetter
+	var out []events.DeadLetter
 	waitFor(t, "a read of the dead letters of "+worker+"-"+instance, time.Minute, func() (bool, string) {
 		out = nil
-		err := b.each(publisher.StreamDLQ, []string{events.DLQPrefix + "." + worker + "." + instance}, func(m jetstream.Msg) error {
-			dl := workertest.DeadLetter{Reason: m.Headers().Get(workers.HeaderError), Headers: m.Headers(), Data: m.Data()}
-			dl.Sequence, _ = strconv.ParseUint(m.Headers().Get(workers.HeaderStreamSeq), 10, 64)
-			dl.Delivered, _ = strconv.Atoi(m.Headers().Get(workers.HeaderDelivered))
-			if e, err := events.Decode(m.Headers(), m.Data()); err == nil {
-				dl.Event = &e
+		err := b.each(events.StreamDLQ, []string{events.DLQSubject(worker, instance)}, func(m jetstream.Msg) error {
+			meta, err := m.Metadata()
+			if err != nil {
+				return err
 			}
-			out = append(out, dl)
+			out = append(out, events.ParseDeadLetter(meta.Sequence.Stream, m.Subject(), m.Headers(), m.Data()))
 			return nil
 		})
 		if err != nil {
@@ -541,7 +536,7 @@ func (b *bus) deadLetters(t testing.TB, worker, instance string) []workertest.De
 func (b *bus) consumerIdle(name string) (bool, string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	c, err := b.js.Consumer(ctx, publisher.StreamEvents, name)
+	c, err := b.js.Consumer(ctx, events.StreamEvents, name)
 	if err != nil {
 		return false, err.Error()
 	}
@@ -559,7 +554,7 @@ func (b *bus) consumerIdle(name string) (bool, string) {
 func (b *bus) settled(name string) (uint64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	c, err := b.js.Consumer(ctx, publisher.StreamEvents, name)
+	c, err := b.js.Consumer(ctx, events.StreamEvents, name)
 	if err != nil {
 		return 0, err
 	}

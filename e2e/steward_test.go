@@ -21,7 +21,6 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/streamread"
-	"github.com/steward-dev/steward/publisher"
 )
 
 // runSteward runs a one-shot steward command and returns what it printed.
@@ -139,7 +138,7 @@ func readOutcomes(b *bus, worker, instance string) (map[string][]event.Event, er
 	defer cancel()
 	out := map[string][]event.Event{}
 	err := streamread.Each(ctx, b.js, streamread.Range{
-		Stream:   publisher.StreamOutcomes,
+		Stream:   events.StreamOutcomes,
 		Subjects: []string{events.OutcomesPrefix + "." + worker + "." + instance},
 	}, func(m jetstream.Msg) error {
 		e, err := events.Decode(m.Headers(), m.Data())

@@ -65,7 +65,7 @@ func post(t *testing.T, url string, header map[string]string, body string) (int,
 
 func eventsStored(t *testing.T, js jetstream.JetStream) uint64 {
 	t.Helper()
-	s, err := js.Stream(context.Background(), publisher.StreamEvents)
+	s, err := js.Stream(context.Background(), events.StreamEvents)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestIngressBinary(t *testing.T) {
 		t.Fatalf("status %d, response %+v", status, resp)
 	}
 	got := resp.Events[0]
-	if got.ID != "rel-1" || got.Sequence != 1 || got.Duplicate || got.Stream != publisher.StreamEvents {
+	if got.ID != "rel-1" || got.Sequence != 1 || got.Duplicate || got.Stream != events.StreamEvents {
 		t.Fatalf("ack %+v", got)
 	}
 	status, resp, _ = post(t, env.url, h, `{"version":"1.2.3"}`)
@@ -129,7 +129,7 @@ func TestIngressStructured(t *testing.T) {
 	if status != http.StatusAccepted || len(resp.Events) != 1 || resp.Events[0].ID != "rel-s" {
 		t.Fatalf("status %d, response %+v", status, resp)
 	}
-	s, err := env.js.Stream(context.Background(), publisher.StreamEvents)
+	s, err := env.js.Stream(context.Background(), events.StreamEvents)
 	if err != nil {
 		t.Fatal(err)
 	}

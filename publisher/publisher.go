@@ -31,7 +31,7 @@ type Option func(*Publisher)
 // WithSource sets the source given to events that carry none.
 func WithSource(source string) Option { return func(p *Publisher) { p.source = source } }
 
-// New returns a Publisher on js. The streams must exist (EnsureStreams).
+// New returns a Publisher on js. The streams must exist (events.EnsureStreams).
 func New(js jetstream.JetStream, opts ...Option) *Publisher {
 	p := &Publisher{js: js, source: DefaultSource}
 	for _, o := range opts {

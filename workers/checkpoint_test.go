@@ -10,7 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/steward-dev/steward/publisher"
+	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/workertest"
 )
@@ -114,7 +114,7 @@ func TestStartsOnAStoreThePreviousVersionWrote(t *testing.T) {
 	if _, err := kv.Put(ctx, "cp."+testWorker+".upgrade.credential-rotated.hive-u", []byte(old)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.CreateConsumer(ctx, publisher.StreamEvents, jetstream.ConsumerConfig{
+	if _, err := js.CreateConsumer(ctx, events.StreamEvents, jetstream.ConsumerConfig{
 		Durable: testWorker + "-upgrade", FilterSubjects: spec("upgrade").Subjects,
 		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxDeliver: 10, MaxAckPending: 512,
 	}); err != nil {

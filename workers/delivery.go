@@ -12,7 +12,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/steward-dev/steward/events"
-	"github.com/steward-dev/steward/publisher"
 )
 
 // Delivery is one event handed to a Handler, with what the runtime knows of
@@ -100,7 +99,7 @@ func (d *Delivery) Emit(ctx context.Context, outcome string, data any) error {
 	}
 	e := event.New()
 	e.SetID(d.w.consumerName() + "-" + strconv.FormatUint(d.Sequence, 10) + "-" + outcome)
-	e.SetType("dev.steward." + d.w.spec.OutcomeNoun + "." + outcome + ".v1")
+	e.SetType(events.OutcomeType(d.w.spec.OutcomeNoun, outcome))
 	e.SetSource("/steward/" + d.w.spec.Name + "/" + d.w.spec.Instance)
 	e.SetSubject(d.Key)
 	e.SetTime(d.w.now())
@@ -112,7 +111,7 @@ func (d *Delivery) Emit(ctx context.Context, outcome string, data any) error {
 	if err != nil {
 		return err
 	}
-	if _, err := d.w.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(publisher.StreamOutcomes)); err != nil {
+	if _, err := d.w.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(events.StreamOutcomes)); err != nil {
 		return fmt.Errorf("emit %s for %s (event %s): %w", outcome, d.Key, d.Event.ID(), err)
 	}
 	d.Log.Info().Str("outcome", outcome).Msg("outcome emitted")

@@ -79,7 +79,7 @@ func (r *recorder) count(v uint64) int {
 
 func consumerInfo(t testing.TB, js jetstream.JetStream, name string) *jetstream.ConsumerInfo {
 	t.Helper()
-	c, err := js.Consumer(context.Background(), publisher.StreamEvents, name)
+	c, err := js.Consumer(context.Background(), events.StreamEvents, name)
 	if err != nil {
 		t.Fatal(err)
 	}

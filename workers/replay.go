@@ -8,7 +8,6 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/streamread"
-	"github.com/steward-dev/steward/publisher"
 )
 
 // ReplayFrom says where a replay starts: a stream sequence, or a time when
@@ -37,7 +36,7 @@ type ReplayResult struct {
 // outcome emitted again inside the dedupe window is stored once. With
 // dryRun nothing is handled: each event is decoded, validated and reported.
 func (w *Worker) Replay(ctx context.Context, from ReplayFrom, dryRun bool, fn func(ReplayResult)) error {
-	r := streamread.Range{Stream: publisher.StreamEvents, Subjects: w.spec.Subjects, StartSeq: from.Sequence}
+	r := streamread.Range{Stream: events.StreamEvents, Subjects: w.spec.Subjects, StartSeq: from.Sequence}
 	if from.Sequence == 0 {
 		r.StartTime = from.Time
 	}

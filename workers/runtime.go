@@ -14,7 +14,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/steward-dev/steward/events"
-	"github.com/steward-dev/steward/publisher"
 )
 
 // Worker is the runtime of one worker instance: it runs one Handler over
@@ -137,9 +136,9 @@ func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts
 	}
 	w.log = o.logger.With().Str("worker", spec.Name).Str("instance", spec.Instance).Logger()
 
-	sc := publisher.DefaultStreamConfig()
+	sc := events.DefaultStreamConfig()
 	sc.Replicas = o.replicas
-	if err := publisher.EnsureStreams(ctx, js, sc); err != nil {
+	if err := events.EnsureStreams(ctx, js, sc); err != nil {
 		return nil, err
 	}
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
@@ -153,10 +152,10 @@ func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts
 	}
 	w.kv = kv
 	w.state = &State{kv: kv, prefix: "st." + spec.Name + "." + spec.Instance + "."}
-	if w.stream, err = js.Stream(ctx, publisher.StreamEvents); err != nil {
-		return nil, fmt.Errorf("stream %s: %w", publisher.StreamEvents, err)
+	if w.stream, err = js.Stream(ctx, events.StreamEvents); err != nil {
+		return nil, fmt.Errorf("stream %s: %w", events.StreamEvents, err)
 	}
-	w.consumer, err = js.CreateOrUpdateConsumer(ctx, publisher.StreamEvents, jetstream.ConsumerConfig{
+	w.consumer, err = js.CreateOrUpdateConsumer(ctx, events.StreamEvents, jetstream.ConsumerConfig{
 		Durable:        w.consumerName(),
 		Description:    "Steward " + spec.Name + " worker for " + spec.Instance,
 		FilterSubjects: spec.Subjects,
@@ -203,13 +202,9 @@ func checkSpec(spec Spec, o options) error {
 
 func (w *Worker) consumerName() string { return w.spec.Name + "-" + w.spec.Instance }
 
-func (w *Worker) outcomeSubject() string {
-	return events.OutcomesPrefix + "." + w.spec.Name + "." + w.spec.Instance
-}
+func (w *Worker) outcomeSubject() string { return events.OutcomeSubject(w.spec.Name, w.spec.Instance) }
 
-func (w *Worker) dlqSubject() string {
-	return events.DLQPrefix + "." + w.spec.Name + "." + w.spec.Instance
-}
+func (w *Worker) dlqSubject() string { return events.DLQSubject(w.spec.Name, w.spec.Instance) }
 
 func (w *Worker) now() time.Time { return w.o.now() }
 

@@ -12,16 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/steward-dev/steward/publisher"
-)
-
-// Headers a dead letter carries besides the original event's.
-const (
-	HeaderError     = "Steward-Error"
-	HeaderWorker    = "Steward-Worker"
-	HeaderStreamSeq = "Steward-Stream-Seq"
-	HeaderDelivered = "Steward-Deliveries"
-	HeaderSubject   = "Steward-Subject"
+	"github.com/steward-dev/steward/events"
 )
 
 // ack confirms a settled event. The checkpoint already says it is settled,
@@ -84,15 +75,15 @@ func (w *Worker) deadLetter(h *held, reason error, log zerolog.Logger) string {
 	}
 	dl.Header.Set(nats.MsgIdHdr, "dlq-"+w.consumerName()+"-"+strconv.FormatUint(h.seq, 10))
 	msg := elideSecrets(oneLine(reason.Error()))
-	dl.Header.Set(HeaderError, msg)
-	dl.Header.Set(HeaderWorker, w.consumerName())
-	dl.Header.Set(HeaderStreamSeq, strconv.FormatUint(h.seq, 10))
-	dl.Header.Set(HeaderDelivered, strconv.FormatUint(h.delivered, 10))
-	dl.Header.Set(HeaderSubject, h.msg.Subject())
+	dl.Header.Set(events.HeaderError, msg)
+	dl.Header.Set(events.HeaderWorker, w.consumerName())
+	dl.Header.Set(events.HeaderStreamSeq, strconv.FormatUint(h.seq, 10))
+	dl.Header.Set(events.HeaderDelivered, strconv.FormatUint(h.delivered, 10))
+	dl.Header.Set(events.HeaderSubject, h.msg.Subject())
 	dl.Data = h.msg.Data()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.handlerCtx), 10*time.Second)
 	defer cancel()
-	if _, err := w.js.PublishMsg(ctx, dl, jetstream.WithExpectStream(publisher.StreamDLQ)); err != nil {
+	if _, err := w.js.PublishMsg(ctx, dl, jetstream.WithExpectStream(events.StreamDLQ)); err != nil {
 		log.Error().Err(err).Msg("the DLQ could not be written; the event is kept and redelivered instead of dropped")
 		return w.nakLater(h, log)
 	}

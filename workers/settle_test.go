@@ -68,7 +68,7 @@ func TestPermanentErrorReachesTheDLQOnFirstDeliveryWithHeaders(t *testing.T) {
 	if !strings.Contains(dl.Reason, "refused by policy") || dl.Delivered != 1 || dl.Sequence != ack.Sequence {
 		t.Fatalf("dead letter reason %q, deliveries %d, seq %d", dl.Reason, dl.Delivered, dl.Sequence)
 	}
-	if dl.Headers.Get(workers.HeaderWorker) != "rt-perm" || dl.Headers.Get(workers.HeaderSubject) != "steward.events.credential.rotated.hive-p" {
+	if dl.Headers.Get(events.HeaderWorker) != "rt-perm" || dl.Headers.Get(events.HeaderSubject) != "steward.events.credential.rotated.hive-p" {
 		t.Fatalf("dead letter headers: %v", dl.Headers)
 	}
 	if dl.Event == nil || dl.Event.ID() != ack.ID || dl.Headers.Get("ce-type") != events.TypeCredentialRotated {

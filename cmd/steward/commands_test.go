@@ -22,7 +22,6 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/signing"
-	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/credential"
 	"github.com/steward-dev/steward/workers/workertest"
@@ -173,7 +172,7 @@ func TestPublishRefusesInvalid(t *testing.T) {
 	if r.code == 0 || !strings.Contains(r.stderr, "event 2") || !strings.Contains(r.stderr, "nothing was published") {
 		t.Fatalf("bad file: exit %d, stderr %q", r.code, r.stderr)
 	}
-	if n := streamMsgs(t, srv.URL(), publisher.StreamEvents); n != 0 {
+	if n := streamMsgs(t, srv.URL(), events.StreamEvents); n != 0 {
 		t.Fatalf("%d events stored after refusals", n)
 	}
 }
@@ -226,7 +225,7 @@ func TestPublishSecret(t *testing.T) {
 	ok(t, nil, "publish", "--nats-url", srv.URL(), "--type", events.TypeCredentialRotated,
 		"--data", `{"hive":"h1","version":7,"clientId":"client-7"}`,
 		"--secret-file", secretFile, "--recipient", filepath.Join(dir, "hive-h1.pub"))
-	s, _ := js.Stream(context.Background(), publisher.StreamEvents)
+	s, _ := js.Stream(context.Background(), events.StreamEvents)
 	raw, err := s.GetMsg(context.Background(), 1)
 	if err != nil {
 		t.Fatal(err)
@@ -588,7 +587,7 @@ func TestServeProcess(t *testing.T) {
 	if code := post("serve-token-123"); code != http.StatusAccepted {
 		t.Fatalf("with the token: %d", code)
 	}
-	if n := streamMsgs(t, srv.URL(), publisher.StreamEvents); n != 1 {
+	if n := streamMsgs(t, srv.URL(), events.StreamEvents); n != 1 {
 		t.Fatalf("%d events stored", n)
 	}
 	if code := p.stop(t, syscall.SIGTERM); code != 0 {

@@ -122,10 +122,10 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, o 
 		return err
 	}
 	defer nc.Close()
-	if err := publisher.EnsureStreams(ctx, js, streamConfig(g)); err != nil {
+	if err := events.EnsureStreams(ctx, js, streamConfig(g)); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "streams: %s, %s, %s\n", publisher.StreamEvents, publisher.StreamOutcomes, publisher.StreamDLQ)
+	fmt.Fprintf(out, "streams: %s, %s, %s\n", events.StreamEvents, events.StreamOutcomes, events.StreamDLQ)
 
 	token, err := devToken(filepath.Join(dir, tokenFile))
 	if err != nil {

@@ -159,13 +159,13 @@ func TestDev(t *testing.T) {
 	if err := nc.PublishMsg(notCE); err != nil {
 		t.Fatal(err)
 	}
-	var dls []workertest.DeadLetter
+	var dls []events.DeadLetter
 	workertest.WaitUntil(t, "three dead letters for converge-dev", func() bool {
 		dls = workertest.DeadLetters(t, js, converge.Name, converge.DevInstall)
 		return len(dls) == 3
 	})
 	// Invalid events skip the key lanes, so they reach the DLQ in any order.
-	slices.SortFunc(dls, func(a, b workertest.DeadLetter) int { return cmp.Compare(a.Sequence, b.Sequence) })
+	slices.SortFunc(dls, func(a, b events.DeadLetter) int { return cmp.Compare(a.Sequence, b.Sequence) })
 	for i, want := range [][]string{{"image"}, {"/version", "1.2"}, {"not a CloudEvent", "ce-specversion"}} {
 		for _, w := range want {
 			if !strings.Contains(dls[i].Reason, w) {
@@ -272,7 +272,7 @@ func TestDev(t *testing.T) {
 		t.Fatalf("second run printed token %q, want the kept %q", d2.token, d.token)
 	}
 	_, js2 := connectJS(t, d2.natsURL)
-	s, err := js2.Stream(context.Background(), publisher.StreamEvents)
+	s, err := js2.Stream(context.Background(), events.StreamEvents)
 	if err != nil {
 		t.Fatal(err)
 	}

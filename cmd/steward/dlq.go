@@ -16,9 +16,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/streamread"
-	"github.com/steward-dev/steward/publisher"
-	"github.com/steward-dev/steward/workers"
 )
 
 func newDLQCmd(g *globals) *cobra.Command {
@@ -41,9 +40,9 @@ type deadLetter struct {
 	data    []byte
 }
 
-func (d deadLetter) worker() string  { return d.header.Get(workers.HeaderWorker) }
-func (d deadLetter) reason() string  { return d.header.Get(workers.HeaderError) }
-func (d deadLetter) origin() string  { return d.header.Get(workers.HeaderSubject) }
+func (d deadLetter) worker() string  { return d.header.Get(events.HeaderWorker) }
+func (d deadLetter) reason() string  { return d.header.Get(events.HeaderError) }
+func (d deadLetter) origin() string  { return d.header.Get(events.HeaderSubject) }
 func (d deadLetter) eventID() string { return headerFold(d.header, "ce-id") }
 
 // matches says whether the dead letter belongs to worker, given as a
@@ -67,7 +66,7 @@ func headerFold(h nats.Header, name string) string {
 // readDLQ returns the dead letters of worker ("" for all), in order.
 func readDLQ(ctx context.Context, js jetstream.JetStream, worker string) ([]deadLetter, error) {
 	var out []deadLetter
-	err := streamread.Each(ctx, js, streamread.Range{Stream: publisher.StreamDLQ}, func(m jetstream.Msg) error {
+	err := streamread.Each(ctx, js, streamread.Range{Stream: events.StreamDLQ}, func(m jetstream.Msg) error {
 		meta, err := m.Metadata()
 		if err != nil {
 			return err
@@ -82,13 +81,13 @@ func readDLQ(ctx context.Context, js jetstream.JetStream, worker string) ([]dead
 }
 
 func getDeadLetter(ctx context.Context, js jetstream.JetStream, seq uint64) (deadLetter, jetstream.Stream, error) {
-	s, err := js.Stream(ctx, publisher.StreamDLQ)
+	s, err := js.Stream(ctx, events.StreamDLQ)
 	if err != nil {
-		return deadLetter{}, nil, fmt.Errorf("stream %s: %w", publisher.StreamDLQ, err)
+		return deadLetter{}, nil, fmt.Errorf("stream %s: %w", events.StreamDLQ, err)
 	}
 	m, err := s.GetMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return deadLetter{}, nil, fmt.Errorf("no dead letter at %s sequence %d (it may have been retried already; see steward dlq ls)", publisher.StreamDLQ, seq)
+		return deadLetter{}, nil, fmt.Errorf("no dead letter at %s sequence %d (it may have been retried already; see steward dlq ls)", events.StreamDLQ, seq)
 	}
 	if err != nil {
 		return deadLetter{}, nil, fmt.Errorf("dead letter %d: %w", seq, err)
@@ -115,7 +114,7 @@ func newDLQLsCmd(g *globals) *cobra.Command {
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "SEQ\tWORKER\tSUBJECT\tDELIVERIES\tREASON")
 			for _, d := range list {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", d.seq, d.worker(), d.origin(), d.header.Get(workers.HeaderDelivered), d.reason())
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", d.seq, d.worker(), d.origin(), d.header.Get(events.HeaderDelivered), d.reason())
 			}
 			if err := tw.Flush(); err != nil {
 				return err
@@ -136,7 +135,7 @@ func newDLQShowCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			seq, err := strconv.ParseUint(args[0], 10, 64)
 			if err != nil || seq == 0 {
-				return fmt.Errorf("%q is not a %s sequence (see steward dlq ls)", args[0], publisher.StreamDLQ)
+				return fmt.Errorf("%q is not a %s sequence (see steward dlq ls)", args[0], events.StreamDLQ)
 			}
 			nc, js, err := g.connect(cmd.Context(), "steward dlq", false)
 			if err != nil {
@@ -209,7 +208,7 @@ that safe. Fix what the reason names first, or the event comes back.`,
 			} else {
 				seq, err := strconv.ParseUint(args[0], 10, 64)
 				if err != nil || seq == 0 {
-					return fmt.Errorf("%q is not a %s sequence (see steward dlq ls)", args[0], publisher.StreamDLQ)
+					return fmt.Errorf("%q is not a %s sequence (see steward dlq ls)", args[0], events.StreamDLQ)
 				}
 				d, _, err := getDeadLetter(ctx, js, seq)
 				if err != nil {
@@ -240,7 +239,7 @@ that safe. Fix what the reason names first, or the event comes back.`,
 func retryDeadLetter(ctx context.Context, js jetstream.JetStream, d deadLetter) (uint64, error) {
 	subject := d.origin()
 	if subject == "" {
-		return 0, fmt.Errorf("dead letter %d has no %s header, so its original subject is unknown; it was left in the DLQ", d.seq, workers.HeaderSubject)
+		return 0, fmt.Errorf("dead letter %d has no %s header, so its original subject is unknown; it was left in the DLQ", d.seq, events.HeaderSubject)
 	}
 	msg := nats.NewMsg(subject)
 	for k, v := range d.header {
@@ -253,16 +252,16 @@ func retryDeadLetter(ctx context.Context, js jetstream.JetStream, d deadLetter) 
 	}
 	msg.Header.Set(nats.MsgIdHdr, "steward-dlq-retry-"+strconv.FormatUint(d.seq, 10))
 	msg.Data = d.data
-	ack, err := js.PublishMsg(ctx, msg, jetstream.WithExpectStream(publisher.StreamEvents))
+	ack, err := js.PublishMsg(ctx, msg, jetstream.WithExpectStream(events.StreamEvents))
 	if err != nil {
 		return 0, fmt.Errorf("republish dead letter %d (event %s) to %s: %w; it was left in the DLQ", d.seq, d.eventID(), subject, err)
 	}
-	s, err := js.Stream(ctx, publisher.StreamDLQ)
+	s, err := js.Stream(ctx, events.StreamDLQ)
 	if err == nil {
 		err = s.DeleteMsg(ctx, d.seq)
 	}
 	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return ack.Sequence, fmt.Errorf("dead letter %d was republished at %s sequence %d but could not be deleted from the DLQ: %w; delete it or retry it again (the retry deduplicates for a while)", d.seq, publisher.StreamEvents, ack.Sequence, err)
+		return ack.Sequence, fmt.Errorf("dead letter %d was republished at %s sequence %d but could not be deleted from the DLQ: %w; delete it or retry it again (the retry deduplicates for a while)", d.seq, events.StreamEvents, ack.Sequence, err)
 	}
 	return ack.Sequence, nil
 }

@@ -12,7 +12,6 @@ import (
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/atomicfile"
 	"github.com/steward-dev/steward/internal/streamread"
-	"github.com/steward-dev/steward/publisher"
 )
 
 func newExportCmd(g *globals) *cobra.Command {
@@ -82,7 +81,7 @@ stderr and left out.`,
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&stream, "stream", publisher.StreamEvents, "the stream to read: "+publisher.StreamEvents+", "+publisher.StreamOutcomes+" or "+publisher.StreamDLQ)
+	fs.StringVar(&stream, "stream", events.StreamEvents, "the stream to read: "+events.StreamEvents+", "+events.StreamOutcomes+" or "+events.StreamDLQ)
 	fs.Uint64Var(&fromSeq, "from-seq", 0, "first stream sequence to export (default: the first kept)")
 	fs.StringVar(&since, "since", "", "export from this time on: RFC 3339 (2026-01-02T15:04:05Z) or a duration back from now (24h)")
 	fs.StringSliceVar(&subjects, "subject", nil, "only these subjects (wildcards allowed; repeat or comma-separate)")

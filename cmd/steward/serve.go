@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
+	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers"
 )
@@ -47,7 +48,7 @@ store the event. /metrics, /healthz and /readyz are served on the same port.`,
 			}
 			defer nc.Close()
 			if err := g.retry(ctx, "streams not ready yet", func() error {
-				return publisher.EnsureStreams(ctx, js, streamConfig(g))
+				return events.EnsureStreams(ctx, js, streamConfig(g))
 			}); err != nil {
 				return err
 			}
@@ -128,8 +129,8 @@ func natsReady(nc *nats.Conn) func() error {
 }
 
 // streamConfig is the default stream layout with --replicas.
-func streamConfig(g *globals) publisher.StreamConfig {
-	sc := publisher.DefaultStreamConfig()
+func streamConfig(g *globals) events.StreamConfig {
+	sc := events.DefaultStreamConfig()
 	sc.Replicas = g.replicas
 	return sc
 }

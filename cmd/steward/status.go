@@ -13,7 +13,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/steward-dev/steward/events"
-	"github.com/steward-dev/steward/publisher"
 )
 
 func newStatusCmd(g *globals) *cobra.Command {
@@ -36,7 +35,7 @@ func printStatus(ctx context.Context, js jetstream.JetStream, out io.Writer) err
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "STREAM\tMESSAGES\tBYTES\tFIRST SEQ\tLAST SEQ\tCONSUMERS")
 	var streams []jetstream.Stream
-	for _, name := range []string{publisher.StreamEvents, publisher.StreamOutcomes, publisher.StreamDLQ} {
+	for _, name := range []string{events.StreamEvents, events.StreamOutcomes, events.StreamDLQ} {
 		s, err := js.Stream(ctx, name)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\tmissing (any worker, steward serve or steward dev creates it)\n", name)
@@ -71,11 +70,11 @@ func printStatus(ctx context.Context, js jetstream.JetStream, out io.Writer) err
 	}
 	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "DLQ WORKER\tDEAD LETTERS")
-	dlq, err := js.Stream(ctx, publisher.StreamDLQ)
+	dlq, err := js.Stream(ctx, events.StreamDLQ)
 	if err == nil {
 		info, err := dlq.Info(ctx, jetstream.WithSubjectFilter(events.DLQPrefix+".>"))
 		if err != nil {
-			return fmt.Errorf("stream %s: %w", publisher.StreamDLQ, err)
+			return fmt.Errorf("stream %s: %w", events.StreamDLQ, err)
 		}
 		depth := map[string]uint64{}
 		for subject, n := range info.State.Subjects {

@@ -30,7 +30,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/steward-dev/steward/events"
-	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers"
 )
 
@@ -178,7 +177,7 @@ func Start(ctx context.Context) (*Env, error) {
 		e.Close()
 		return nil, err
 	}
-	if err := publisher.EnsureStreams(ctx, e.pubJS, publisher.DefaultStreamConfig()); err != nil {
+	if err := events.EnsureStreams(ctx, e.pubJS, events.DefaultStreamConfig()); err != nil {
 		e.Close()
 		return nil, err
 	}
@@ -389,7 +388,7 @@ func (e *Env) Runtime(ctx context.Context, o Options) (Measure, error) {
 	}
 	// Earlier runs' events would be delivered too: start from an empty
 	// stream.
-	if err := e.purge(ctx, publisher.StreamEvents); err != nil {
+	if err := e.purge(ctx, events.StreamEvents); err != nil {
 		return Measure{}, err
 	}
 	w, err := workers.New(ctx, e.subJS, spec, workers.HandlerFunc(func(_ context.Context, d *workers.Delivery) error {

@@ -229,7 +229,7 @@ func TestPathTrickEventsLandInDLQ(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var dls []workertest.DeadLetter
+	var dls []events.DeadLetter
 	workertest.WaitUntil(t, "the tricks are in the DLQ", func() bool {
 		dls = workertest.DeadLetters(t, js, Name, testInstall)
 		return len(dls) == len(tricks)

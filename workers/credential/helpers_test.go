@@ -186,7 +186,7 @@ func (h *hive) outcomes() []event.Event {
 	return workertest.Outcomes(h.t, h.js, credential.Name, h.name)
 }
 
-func (h *hive) deadLetters() []workertest.DeadLetter {
+func (h *hive) deadLetters() []events.DeadLetter {
 	return workertest.DeadLetters(h.t, h.js, credential.Name, h.name)
 }
 
@@ -204,9 +204,9 @@ func (h *hive) waitOutcomes(n int) []event.Event {
 	return got
 }
 
-func (h *hive) waitDeadLetters(n int) []workertest.DeadLetter {
+func (h *hive) waitDeadLetters(n int) []events.DeadLetter {
 	h.t.Helper()
-	var got []workertest.DeadLetter
+	var got []events.DeadLetter
 	workertest.WaitUntil(h.t, fmt.Sprintf("%d dead letters of %s", n, h.name), func() bool {
 		got = h.deadLetters()
 		return len(got) >= n

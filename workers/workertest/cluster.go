@@ -12,8 +12,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/steward-dev/steward/publisher"
+	"github.com/steward-dev/steward/events"
 )
 
 // Cluster is an embedded JetStream cluster of a few nats-servers in this
@@ -96,13 +95,13 @@ func (c *Cluster) JetStream(t testing.TB, i, replicas int) jetstream.JetStream {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := publisher.DefaultStreamConfig()
+	cfg := events.DefaultStreamConfig()
 	cfg.Replicas = replicas
 	var last error
 	WaitUntil(t, "the streams are created on the cluster", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		last = publisher.EnsureStreams(ctx, js, cfg)
+		last = events.EnsureStreams(ctx, js, cfg)
 		return last == nil
 	})
 	return js

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"strconv"
 	"testing"
 	"time"
 
@@ -99,7 +98,7 @@ func (s *Server) JetStream(t testing.TB) jetstream.JetStream {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := publisher.EnsureStreams(context.Background(), js, publisher.DefaultStreamConfig()); err != nil {
+	if err := events.EnsureStreams(context.Background(), js, events.DefaultStreamConfig()); err != nil {
 		t.Fatal(err)
 	}
 	return js
@@ -220,7 +219,7 @@ func WaitIdle(t testing.TB, js jetstream.JetStream, consumer string) {
 func isIdle(js jetstream.JetStream, consumer string) (bool, string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	stream, err := js.Stream(ctx, publisher.StreamEvents)
+	stream, err := js.Stream(ctx, events.StreamEvents)
 	if err != nil {
 		return false, "", err
 	}
@@ -257,7 +256,7 @@ func Outcomes(t testing.TB, js jetstream.JetStream, worker, instance string) []e
 	t.Helper()
 	var out []event.Event
 	err := streamread.Each(context.Background(), js, streamread.Range{
-		Stream:   publisher.StreamOutcomes,
+		Stream:   events.StreamOutcomes,
 		Subjects: []string{events.OutcomesPrefix + "." + worker + "." + instance},
 	}, func(m jetstream.Msg) error {
 		e, err := events.Decode(m.Headers(), m.Data())
@@ -273,33 +272,19 @@ func Outcomes(t testing.TB, js jetstream.JetStream, worker, instance string) []e
 	return out
 }
 
-// DeadLetter is one event in the DLQ with the reason it is there.
-type DeadLetter struct {
-	// Event is the original event, or nil when it could not be decoded.
-	Event *event.Event
-	// Reason is the Steward-Error header.
-	Reason    string
-	Headers   nats.Header
-	Data      []byte
-	Sequence  uint64 // in STEWARD_EVENTS
-	Delivered int
-}
-
 // DeadLetters returns the dead letters of a worker instance, in order.
-func DeadLetters(t testing.TB, js jetstream.JetStream, worker, instance string) []DeadLetter {
+func DeadLetters(t testing.TB, js jetstream.JetStream, worker, instance string) []events.DeadLetter {
 	t.Helper()
-	var out []DeadLetter
+	var out []events.DeadLetter
 	err := streamread.Each(context.Background(), js, streamread.Range{
-		Stream:   publisher.StreamDLQ,
-		Subjects: []string{events.DLQPrefix + "." + worker + "." + instance},
+		Stream:   events.StreamDLQ,
+		Subjects: []string{events.DLQSubject(worker, instance)},
 	}, func(m jetstream.Msg) error {
-		dl := DeadLetter{Reason: m.Headers().Get(workers.HeaderError), Headers: m.Headers(), Data: m.Data()}
-		dl.Sequence, _ = strconv.ParseUint(m.Headers().Get(workers.HeaderStreamSeq), 10, 64)
-		dl.Delivered, _ = strconv.Atoi(m.Headers().Get(workers.HeaderDelivered))
-		if e, err := events.Decode(m.Headers(), m.Data()); err == nil {
-			dl.Event = &e
+		meta, err := m.Metadata()
+		if err != nil {
+			return err
 		}
-		out = append(out, dl)
+		out = append(out, events.ParseDeadLetter(meta.Sequence.Stream, m.Subject(), m.Headers(), m.Data()))
 		return nil
 	})
 	if err != nil && !errors.Is(err, context.Canceled) {

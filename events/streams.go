@@ -1,4 +1,4 @@
-package publisher
+package events
 
 import (
 	"context"
@@ -6,11 +6,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/steward-dev/steward/events"
 )
 
-// Stream names of DESIGN §3.
+// Stream names: the three streams every part of Steward agrees on.
 const (
 	StreamEvents   = "STEWARD_EVENTS"
 	StreamOutcomes = "STEWARD_OUTCOMES"
@@ -41,19 +39,19 @@ func (c StreamConfig) StreamConfigs() []jetstream.StreamConfig {
 	replicas := max(c.Replicas, 1)
 	return []jetstream.StreamConfig{
 		{
-			Name: StreamEvents, Subjects: []string{events.EventsPrefix + ".>"},
+			Name: StreamEvents, Subjects: []string{EventsPrefix + ".>"},
 			Storage: jetstream.FileStorage, Replicas: replicas,
 			Duplicates: c.Dedupe, MaxAge: c.Retention,
 			Description: "Steward state changes, kept for replay",
 		},
 		{
-			Name: StreamOutcomes, Subjects: []string{events.OutcomesPrefix + ".>"},
+			Name: StreamOutcomes, Subjects: []string{OutcomesPrefix + ".>"},
 			Storage: jetstream.FileStorage, Replicas: replicas,
 			Duplicates: c.Dedupe, MaxAge: c.Retention,
 			Description: "what Steward's workers did",
 		},
 		{
-			Name: StreamDLQ, Subjects: []string{events.DLQPrefix + ".>"},
+			Name: StreamDLQ, Subjects: []string{DLQPrefix + ".>"},
 			Storage: jetstream.FileStorage, Replicas: replicas,
 			Duplicates:  c.Dedupe,
 			Description: "events a worker could not apply, with the reason",
