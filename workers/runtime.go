@@ -136,40 +136,17 @@ func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts
 	}
 	w.log = o.logger.With().Str("worker", spec.Name).Str("instance", spec.Instance).Logger()
 
-	sc := events.DefaultStreamConfig()
-	sc.Replicas = o.replicas
-	if err := events.EnsureStreams(ctx, js, sc); err != nil {
-		return nil, err
-	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      CheckpointBucket,
-		Description: "Steward workers' checkpoints and state",
-		Storage:     jetstream.FileStorage,
-		Replicas:    max(o.replicas, 1),
-	})
+	kv, err := ensureBus(ctx, js, o.replicas)
 	if err != nil {
-		return nil, fmt.Errorf("ensure KV bucket %s: %w", CheckpointBucket, err)
+		return nil, err
 	}
 	w.kv = kv
 	w.state = &State{kv: kv, prefix: "st." + spec.Name + "." + spec.Instance + "."}
 	if w.stream, err = js.Stream(ctx, events.StreamEvents); err != nil {
 		return nil, fmt.Errorf("stream %s: %w", events.StreamEvents, err)
 	}
-	w.consumer, err = js.CreateOrUpdateConsumer(ctx, events.StreamEvents, jetstream.ConsumerConfig{
-		Durable:        w.consumerName(),
-		Description:    "Steward " + spec.Name + " worker for " + spec.Instance,
-		FilterSubjects: spec.Subjects,
-		AckPolicy:      jetstream.AckExplicitPolicy,
-		AckWait:        o.ackWait,
-		// Unlimited: the server never gives up on desired state. The
-		// runtime retries failures in process, and bounds only deliveries
-		// that never settle (WithMaxDeliver), a crash loop.
-		MaxDeliver:    -1,
-		MaxAckPending: o.maxAckPending,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("ensure consumer %s: %w", w.consumerName(), err)
+	if w.consumer, err = w.ensureConsumer(ctx); err != nil {
+		return nil, err
 	}
 	return w, nil
 }
