@@ -49,5 +49,6 @@ is shared and absolute figures drift.`,
 	fs.IntVar(&o.Concurrency, "concurrency", workers.DefaultConcurrency, "the runtime's concurrency (keys handled at once)")
 	fs.IntVar(&o.Rate, "rate", 0, "publish at this many events per second instead of one burst")
 	fs.DurationVar(&o.Timeout, "timeout", 5*time.Minute, "give up on a path after this long")
+	cmd.AddCommand(newBenchFleetCmd(g))
 	return cmd
 }

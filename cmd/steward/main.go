@@ -79,7 +79,7 @@ Every flag has an environment twin, STEWARD_<FLAG> with '-' as '_'
 	root.AddCommand(
 		newWorkerCmd(g), newPublishCmd(g), newServeCmd(g), newExportCmd(g),
 		newReplayCmd(g), newDLQCmd(g), newStatusCmd(g), newKeysCmd(g),
-		newJoinCmd(g), newDevCmd(g), newBenchCmd(g),
+		newJoinCmd(g), newDevCmd(g), newBenchCmd(g), newSetupCmd(g), newCredsCmd(g),
 	)
 	return root
 }
