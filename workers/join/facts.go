@@ -18,6 +18,7 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/signing"
+	"github.com/steward-dev/steward/internal/strictjson"
 )
 
 // maxInstanceID bounds an instance ID: metadata servers answer short
@@ -73,8 +74,23 @@ func readIdentity(path string) (rec IdentityRecord, sum string, parseErr error, 
 	}
 	h := sha256.Sum256(raw)
 	sum = hex.EncodeToString(h[:])
-	if err := json.Unmarshal(raw, &rec); err != nil {
-		return rec, sum, fmt.Errorf("the identity record %s is not JSON: %v", path, err), nil
+	if !json.Valid(raw) {
+		return rec, sum, fmt.Errorf("the identity record %s is not JSON", path), nil
+	}
+	// The console invites the record by its SHA-256 after reading it, so
+	// the worker reads it as a reviewer does: exact key names, and no key
+	// twice (which readers resolve differently). The record may hold more
+	// than box and instanceId, so other keys are allowed.
+	var fields map[string]json.RawMessage
+	if err := strictjson.Decode(raw, &fields); err != nil {
+		return rec, sum, fmt.Errorf("the identity record %s is not one JSON object with each key once: %v", path, err), nil
+	}
+	for name, into := range map[string]*string{"box": &rec.Box, "instanceId": &rec.InstanceID} {
+		if v, ok := fields[name]; ok {
+			if err := json.Unmarshal(v, into); err != nil {
+				return rec, sum, fmt.Errorf("the identity record %s: its %s is not a string: %v", path, name, err), nil
+			}
+		}
 	}
 	return rec, sum, nil, nil
 }

@@ -335,7 +335,7 @@ func outcomes(t *testing.T, js jetstream.JetStream, instance, outcome string) []
 func waitOutcomes(t *testing.T, js jetstream.JetStream, instance, outcome string, n int) []map[string]string {
 	t.Helper()
 	var got []map[string]string
-	changed := storedChanged(js, publisher.StreamOutcomes, events.OutcomesPrefix+"."+join.Name+"."+instance)
+	changed := storedChanged(js, events.StreamOutcomes, events.OutcomesPrefix+"."+join.Name+"."+instance)
 	workertest.WaitUntil(t, "join."+outcome+" outcomes of "+instance+" reach "+strconv.Itoa(n), func() bool {
 		if !changed() {
 			return false
@@ -412,10 +412,10 @@ func stateFloor(t *testing.T, r *workertest.Running) keptFloorView {
 // waitDeadLetters waits for n dead letters of the instance. Tests wait for
 // what they expect before WaitIdle: right after a publish the consumer's
 // pending count may not include the new event yet.
-func waitDeadLetters(t *testing.T, js jetstream.JetStream, instance string, n int) []workertest.DeadLetter {
+func waitDeadLetters(t *testing.T, js jetstream.JetStream, instance string, n int) []events.DeadLetter {
 	t.Helper()
-	var got []workertest.DeadLetter
-	changed := storedChanged(js, publisher.StreamDLQ, events.DLQPrefix+"."+join.Name+"."+instance)
+	var got []events.DeadLetter
+	changed := storedChanged(js, events.StreamDLQ, events.DLQPrefix+"."+join.Name+"."+instance)
 	workertest.WaitUntil(t, "dead letters of "+instance+" reach "+strconv.Itoa(n), func() bool {
 		if !changed() {
 			return false

@@ -1,9 +1,7 @@
 package join
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"regexp"
 
@@ -155,6 +153,19 @@ func (w *Worker) verifyFloor(env dsse.Envelope) (events.HostFloor, string, strin
 	return floor, rule, reason
 }
 
+// decodeFloor decodes a verified floor payload strictly (see decodeSigned)
+// and checks its version.
+func decodeFloor(payload []byte) (events.HostFloor, string, string) {
+	var floor events.HostFloor
+	if rule, reason := decodeSigned(payload, &floor, "host floor"); rule != "" {
+		return events.HostFloor{}, rule, reason
+	}
+	if floor.V != 1 {
+		return floor, "version", fmt.Sprintf("its payload has v %d; this worker reads v 1 floors only", floor.V)
+	}
+	return floor, "", ""
+}
+
 // openFloor verifies a floor envelope with the release key and checks its
 // payload, whichever deployment it names; a non-empty rule names what
 // failed.
@@ -164,19 +175,9 @@ func (w *Worker) openFloor(env dsse.Envelope) (events.HostFloor, string, string)
 	if err != nil {
 		return floor, "signature", fmt.Sprintf("its envelope does not verify with the release key %s (%v); publish a floor signed by the release key", w.cfg.ReleaseKey, err)
 	}
-	var head struct {
-		V int `json:"v"`
-	}
-	if err := json.Unmarshal(payload, &head); err != nil {
-		return floor, "payload", fmt.Sprintf("its signed payload is not JSON (%v)", err)
-	}
-	if head.V != 1 {
-		return floor, "version", fmt.Sprintf("its payload has v %d; this worker reads v 1 floors only", head.V)
-	}
-	dec := json.NewDecoder(bytes.NewReader(payload))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&floor); err != nil {
-		return floor, "payload", fmt.Sprintf("its signed payload is not a v 1 host floor (%v)", err)
+	floor, rule, reason := decodeFloor(payload)
+	if rule != "" {
+		return floor, rule, reason
 	}
 	if _, err := events.ParseVersion(floor.MinAgentVersion); err != nil {
 		return floor, "minAgentVersion", fmt.Sprintf("its minAgentVersion is not a semantic version (%v)", err)

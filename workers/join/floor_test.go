@@ -37,6 +37,13 @@ func TestHostFloors(t *testing.T) {
 		}
 		return d
 	}
+	signedRaw := func(key ed25519.PrivateKey, payload string) events.HostFloorPublished {
+		env, err := signing.SignEnvelope(key, events.PayloadTypeHostFloor, []byte(payload))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return events.HostFloorPublished{Deployment: "dep", Envelope: env}
+	}
 	good := events.HostFloor{V: 1, Deployment: "dep", MinAgentVersion: "9.0.0", Binaries: []string{strings.Repeat("0", 64)}}
 	with := func(change func(*events.HostFloor)) events.HostFloor {
 		fl := good
@@ -54,6 +61,12 @@ func TestHostFloors(t *testing.T) {
 		{signed(releaseKey, with(func(fl *events.HostFloor) { fl.Deployment = "prod" })), "deployment", `names deployment "prod", not "dep"`},
 		{signed(releaseKey, with(func(fl *events.HostFloor) { fl.MinAgentVersion = "v9" })), "minAgentVersion", "is not a semantic version"},
 		{signed(releaseKey, with(func(fl *events.HostFloor) { fl.Binaries = []string{"../../bin/sh"} })), "binaries", `binaries[0] "../../bin/sh" is not a SHA-256`},
+		// jq shows 9.0.0 and the reviewed binary; encoding/json alone would
+		// keep the later case twin and the later duplicate.
+		{signedRaw(releaseKey, `{"v":1,"deployment":"dep","minAgentVersion":"9.0.0","binaries":["`+good.Binaries[0]+`"],"MinAgentVersion":"0.0.1"}`),
+			"payload", `key "MinAgentVersion" in $ is not a field of the document`},
+		{signedRaw(releaseKey, `{"v":1,"deployment":"dep","minAgentVersion":"9.0.0","binaries":["`+good.Binaries[0]+`"],"binaries":["`+strings.Repeat("e", 64)+`"]}`),
+			"payload", `key "binaries" appears twice`},
 	}
 	acks := make([]publisher.Ack, len(bad))
 	for i := range bad {

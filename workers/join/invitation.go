@@ -1,7 +1,6 @@
 package join
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,6 +19,7 @@ import (
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/atomicfile"
 	"github.com/steward-dev/steward/internal/signing"
+	"github.com/steward-dev/steward/internal/strictjson"
 	"github.com/steward-dev/steward/workers"
 )
 
@@ -222,19 +222,9 @@ func (w *Worker) verifyInvitation(env dsse.Envelope) (events.Invitation, string,
 	if err != nil {
 		return inv, "signature", fmt.Sprintf("its envelope does not verify with the console key %s (%v); only the console's signed invitations arm a box", w.cfg.ConsoleKey, err)
 	}
-	var head struct {
-		V int `json:"v"`
-	}
-	if err := json.Unmarshal(payload, &head); err != nil {
-		return inv, "payload", fmt.Sprintf("its signed payload is not JSON (%v)", err)
-	}
-	if head.V != 1 {
-		return inv, "version", fmt.Sprintf("its payload has v %d; this worker reads v 1 invitations only", head.V)
-	}
-	dec := json.NewDecoder(bytes.NewReader(payload))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&inv); err != nil {
-		return inv, "payload", fmt.Sprintf("its signed payload is not a v 1 invitation (%v)", err)
+	inv, rule, reason := decodeInvitation(payload)
+	if rule != "" {
+		return inv, rule, reason
 	}
 	if inv.Deployment != w.cfg.Deployment {
 		return inv, "deployment", fmt.Sprintf("it invites the box into deployment %.70q, but this box joins %q", inv.Deployment, w.cfg.Deployment)
@@ -257,6 +247,38 @@ func (w *Worker) verifyInvitation(env dsse.Envelope) (events.Invitation, string,
 			inv.IssuedAt, ahead.Round(time.Second), now.UTC().Format(time.RFC3339), w.cfg.MaxClockSkew)
 	}
 	return inv, "", ""
+}
+
+// decodeInvitation decodes a verified invitation payload strictly (see
+// decodeSigned) and checks its version.
+func decodeInvitation(payload []byte) (events.Invitation, string, string) {
+	var inv events.Invitation
+	if rule, reason := decodeSigned(payload, &inv, "invitation"); rule != "" {
+		return events.Invitation{}, rule, reason
+	}
+	if inv.V != 1 {
+		return inv, "version", fmt.Sprintf("its payload has v %d; this worker reads v 1 invitations only", inv.V)
+	}
+	return inv, "", ""
+}
+
+// decodeSigned decodes a verified payload into v as a reviewer reads it:
+// encoding/json alone matches keys case-insensitively and lets the last of
+// two equal keys win, so the payload a person checks with jq ("enrollment")
+// and the one the worker acts on ("Enrollment", later) could differ under
+// one valid signature. strictjson refuses duplicate keys, keys that are not
+// the exact name of a field, and unknown keys. kind names the document in
+// the reason.
+func decodeSigned(payload []byte, v any, kind string) (rule, reason string) {
+	if !json.Valid(payload) {
+		var probe any
+		err := json.Unmarshal(payload, &probe)
+		return "payload", fmt.Sprintf("its signed payload is not JSON (%v)", err)
+	}
+	if err := strictjson.Decode(payload, v); err != nil {
+		return "payload", fmt.Sprintf("its signed payload is not a v 1 %s (%v)", kind, err)
+	}
+	return "", ""
 }
 
 // checkEnrollment refuses an enrollment that could do harm where it ends up

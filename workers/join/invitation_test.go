@@ -93,6 +93,22 @@ func TestInvitationRefusals(t *testing.T) {
 			},
 		},
 		{
+			// jq shows enrollment enr-1; encoding/json alone would arm
+			// enr-evil, the later case twin, under the same signature.
+			name: "case twin of a field", rule: "payload", msg: `key "Enrollment" in $ is not a field of the document`,
+			data: func(f *fixture) events.InvitationWritten {
+				inv := f.invitation()
+				return f.signRaw(fmt.Sprintf(`{"v":1,"deployment":"dep","box":%q,"enrollment":"enr-1","evidenceSHA256":%q,"issuedAt":%q,"Enrollment":"enr-evil"}`, inv.Box, inv.EvidenceSHA256, inv.IssuedAt))
+			},
+		},
+		{
+			name: "duplicate key", rule: "payload", msg: `key "enrollment" appears twice`,
+			data: func(f *fixture) events.InvitationWritten {
+				inv := f.invitation()
+				return f.signRaw(fmt.Sprintf(`{"v":1,"deployment":"dep","box":%q,"enrollment":"enr-1","evidenceSHA256":%q,"issuedAt":%q,"enrollment":"enr-evil"}`, inv.Box, inv.EvidenceSHA256, inv.IssuedAt))
+			},
+		},
+		{
 			name: "another deployment", rule: "deployment", msg: `it invites the box into deployment "prod", but this box joins "dep"`,
 			data: func(f *fixture) events.InvitationWritten {
 				inv := f.invitation()
@@ -139,6 +155,22 @@ func TestInvitationRefusals(t *testing.T) {
 			name: "identity record not JSON", rule: "identity-record", msg: "is not JSON",
 			setup: func(f *fixture) { f.write("identity.json", "box-x i-box-x\n", 0o644) },
 			data:  func(f *fixture) events.InvitationWritten { return f.sign(f.invitation()) },
+		},
+		{
+			// A reviewer reads instance i-elsewhere; encoding/json alone
+			// would read the later case twin, this box's instance.
+			name: "identity record with a case twin", rule: "instance", msg: `the identity record names instance "i-elsewhere"`,
+			setup: func(f *fixture) {
+				f.write("identity.json", `{"box":"box-x","instanceId":"i-elsewhere","InstanceId":"i-box-x"}`, 0o644)
+			},
+			data: func(f *fixture) events.InvitationWritten { return f.sign(f.invitation()) },
+		},
+		{
+			name: "identity record with a key twice", rule: "identity-record", msg: `key "instanceId" appears twice`,
+			setup: func(f *fixture) {
+				f.write("identity.json", `{"box":"box-x","instanceId":"i-elsewhere","instanceId":"i-box-x"}`, 0o644)
+			},
+			data: func(f *fixture) events.InvitationWritten { return f.sign(f.invitation()) },
 		},
 		{
 			name: "identity record of another box", rule: "identity-box", msg: `names box "box-7", not this box`,
