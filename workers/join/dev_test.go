@@ -113,6 +113,7 @@ func TestNewChecksConfig(t *testing.T) {
 		{func(c *join.Config) { c.ArmCommand = f.path("not-exec") }, "--arm-command"},
 		{func(c *join.Config) { c.ArmedMarker = "" }, "--armed-marker"},
 		{func(c *join.Config) { c.MaxClockSkew = -time.Second }, "--max-clock-skew"},
+		{func(c *join.Config) { c.ArmTimeout = -time.Second }, "--arm-timeout"},
 	}
 	for i, c := range cases {
 		cfg := f.cfg
@@ -126,18 +127,19 @@ func TestNewChecksConfig(t *testing.T) {
 	fs := pflag.NewFlagSet("join", pflag.ContinueOnError)
 	var cfg join.Config
 	cfg.AddFlags(fs)
-	if cfg.MaxClockSkew != join.DefaultMaxClockSkew || join.DefaultMaxClockSkew != 5*time.Minute {
-		t.Fatalf("flag defaults: --max-clock-skew %s", cfg.MaxClockSkew)
+	if cfg.MaxClockSkew != join.DefaultMaxClockSkew || join.DefaultMaxClockSkew != 5*time.Minute ||
+		cfg.ArmTimeout != join.DefaultArmTimeout || join.DefaultArmTimeout != 2*time.Minute {
+		t.Fatalf("flag defaults: --max-clock-skew %s, --arm-timeout %s", cfg.MaxClockSkew, cfg.ArmTimeout)
 	}
 	args := []string{"--box=b", "--deployment=d", "--console-key=c", "--release-key=r", "--identity-record=i",
 		"--instance-id-file=f", "--instance-id-url=u", "--opt-dir=/o", "--arm-command=a", "--armed-marker=m",
-		"--max-clock-skew=30s"}
+		"--max-clock-skew=30s", "--arm-timeout=45s"}
 	if err := fs.Parse(args); err != nil {
 		t.Fatal(err)
 	}
 	want := join.Config{Box: "b", Deployment: "d", ConsoleKey: "c", ReleaseKey: "r", IdentityRecord: "i",
 		InstanceIDFile: "f", InstanceIDURL: "u", OptDir: "/o", ArmCommand: "a", ArmedMarker: "m",
-		MaxClockSkew: 30 * time.Second}
+		MaxClockSkew: 30 * time.Second, ArmTimeout: 45 * time.Second}
 	if cfg != want {
 		t.Fatalf("flags parsed into %+v", cfg)
 	}

@@ -363,18 +363,30 @@ func (w *Worker) writeFiles(st armStage, floor events.HostFloor) error {
 	return atomicfile.Write(PolicyPath(w.cfg.OptDir), append(pol, '\n'), 0o600)
 }
 
-// arm runs the arm command and, once the marker names this box and
-// enrollment, reports join.armed. Every failure is retried.
+// arm runs the arm command, within ArmTimeout, and, once the marker names
+// this box and enrollment, reports join.armed. Every failure, a timeout
+// included, is retried.
 func (w *Worker) arm(ctx context.Context, d *workers.Delivery, st armStage) error {
-	cmd := exec.CommandContext(ctx, w.armPath,
+	// A hung arm command would hold this box's invitations for ever, so a
+	// run gets ArmTimeout. It runs in a process group of its own and the
+	// whole group is killed at the end: a script's children would
+	// otherwise outlive it and keep its output open.
+	actx, cancel := context.WithTimeout(ctx, w.cfg.ArmTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(actx, w.armPath,
 		"-policy", PolicyPath(w.cfg.OptDir),
 		"-identity", w.cfg.IdentityRecord,
 		"-enrollment", EnrollmentPath(w.cfg.OptDir))
+	killGroupOnCancel(cmd)
 	out := &tail{max: 1024}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.WaitDelay = 5 * time.Second
 	start := time.Now()
 	if err := cmd.Run(); err != nil {
+		if errors.Is(actx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+			return fmt.Errorf("arm command %s for box %s, enrollment %s (event %s) did not finish within the --arm-timeout of %s, so its process group was killed (%w: %v); output: %q; retried with the files already written",
+				w.cfg.ArmCommand, w.cfg.Box, st.Enrollment, d.Event.ID(), w.cfg.ArmTimeout, actx.Err(), err, out.String())
+		}
 		return fmt.Errorf("arm command %s for box %s, enrollment %s (event %s): %w; output: %q; retried with the files already written",
 			w.cfg.ArmCommand, w.cfg.Box, st.Enrollment, d.Event.ID(), err, out.String())
 	}

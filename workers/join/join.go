@@ -114,7 +114,16 @@ type Config struct {
 	// by issuedAt, so one from further ahead would supersede every later
 	// invitation until its time came; it is refused instead.
 	MaxClockSkew time.Duration
+	// ArmTimeout bounds one run of the arm command (0: DefaultArmTimeout).
+	// A run that takes longer is killed with its whole process group and
+	// retried, so a hung guard never holds the box's invitations for ever.
+	ArmTimeout time.Duration
 }
+
+// DefaultArmTimeout is how long the arm command may run: arming a guard is
+// a local operation of seconds, and two minutes leaves room for a slow
+// first start without letting a hung one hold the box.
+const DefaultArmTimeout = 2 * time.Minute
 
 // DefaultMaxClockSkew bounds how far ahead of this box's clock a signed
 // issuedAt may be: clocks kept by NTP agree within seconds, and five
@@ -142,6 +151,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.OptDir, "opt-dir", c.OptDir, "absolute folder under which system/join/policy.json and enrollment.json are written")
 	fs.StringVar(&c.ArmCommand, "arm-command", c.ArmCommand, "program run as <cmd> -policy P -identity I -enrollment E to arm the host guard")
 	fs.StringVar(&c.ArmedMarker, "armed-marker", c.ArmedMarker, "file the arm command writes once the guard is armed")
+	fs.DurationVar(&c.ArmTimeout, "arm-timeout", orDefault(c.ArmTimeout, DefaultArmTimeout), "how long one run of the arm command may take; a longer one is killed with its process group and retried")
 	fs.DurationVar(&c.MaxClockSkew, "max-clock-skew", orDefault(c.MaxClockSkew, DefaultMaxClockSkew), "how far an invitation's signed issuedAt may be ahead of this box's clock; one further ahead is refused, since it would supersede every later invitation")
 }
 
@@ -205,6 +215,10 @@ func New(cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("--max-clock-skew: %s is negative; it is how far ahead of this box's clock an invitation's issuedAt may be", cfg.MaxClockSkew)
 	}
 	cfg.MaxClockSkew = orDefault(cfg.MaxClockSkew, DefaultMaxClockSkew)
+	if cfg.ArmTimeout < 0 {
+		return nil, fmt.Errorf("--arm-timeout: %s is negative; it is how long one run of the arm command may take", cfg.ArmTimeout)
+	}
+	cfg.ArmTimeout = orDefault(cfg.ArmTimeout, DefaultArmTimeout)
 	return &Worker{
 		cfg:        cfg,
 		consoleKey: consoleKey,
