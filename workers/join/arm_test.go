@@ -22,10 +22,11 @@ const hangingArmScript = `#!/bin/sh
 set -eu
 here=$(dirname "$0")
 if [ -e "$here/hang" ]; then
-  rm -f "$here/hang"
   sleep 600 &
   echo $! > "$here/hang.child"
   echo $$ > "$here/hang.pid"
+  # Only a run that got this far counts: one killed earlier hangs again.
+  rm -f "$here/hang"
   wait
 fi
 exec "$here/arm.sh" "$@"
@@ -45,7 +46,7 @@ func TestArmCommandTimeout(t *testing.T) {
 	f.write("hanging-arm.sh", hangingArmScript, 0o755)
 	f.write("hang", "", 0o644)
 	f.cfg.ArmCommand = f.path("hanging-arm.sh")
-	f.cfg.ArmTimeout = 300 * time.Millisecond
+	f.cfg.ArmTimeout = 500 * time.Millisecond
 	h, r := f.startRecording(js)
 	f.publishFloor(js, f.floor("1.0.0"))
 	ack := f.publishInvitation(js, f.sign(f.invitation()))
@@ -53,18 +54,21 @@ func TestArmCommandTimeout(t *testing.T) {
 	waitOutcomes(t, js, "box-h", join.OutcomeArmed, 1)
 	workertest.WaitIdle(t, js, r.ConsumerName())
 	assertNoDeadLetters(t, js, "box-h")
+	// A loaded machine may kill a run before it reaches its hang, which
+	// then hangs again: timeouts, then the success.
 	errs := h.of(ack.ID)
-	if len(errs) != 2 || errs[1] != nil {
-		t.Fatalf("the invitation was handled with %v, want one timeout and then success", errs)
+	if len(errs) < 2 || errs[len(errs)-1] != nil {
+		t.Fatalf("the invitation was handled with %v, want timeouts and then success", errs)
 	}
-	err := errs[0]
-	if workers.IsPermanent(err) || workers.IsRefused(err) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("the timeout is %v, want a plain (retried) error wrapping context.DeadlineExceeded", err)
-	}
-	for _, want := range []string{"arm command " + f.cfg.ArmCommand, "box box-h", "enrollment enr-1", ack.ID,
-		"did not finish within the --arm-timeout of 300ms, so its process group was killed", "retried with the files already written"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("timeout error %q does not say %q", err, want)
+	for _, err := range errs[:len(errs)-1] {
+		if workers.IsPermanent(err) || workers.IsRefused(err) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("the timeout is %v, want a plain (retried) error wrapping context.DeadlineExceeded", err)
+		}
+		for _, want := range []string{"arm command " + f.cfg.ArmCommand, "box box-h", "enrollment enr-1", ack.ID,
+			"did not finish within the --arm-timeout of 500ms, so its process group was killed", "retried with the files already written"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("timeout error %q does not say %q", err, want)
+			}
 		}
 	}
 	for _, name := range []string{"hang.pid", "hang.child"} {
