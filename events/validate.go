@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"mime"
+	"strconv"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 
@@ -51,13 +52,15 @@ func Validate(e event.Event) error {
 	}
 	k, ok := Lookup(e.Type())
 	if !ok {
-		return fmt.Errorf("%w: type %q is not a Steward event type", ErrInvalid, e.Type())
+		return fmt.Errorf("%w: type %s is not a Steward event type", ErrInvalid, shortQuote(e.Type()))
 	}
 	if ct := e.DataContentType(); ct != "" {
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != ContentTypeJSON {
-			return fmt.Errorf("%w: datacontenttype %q must be %s", ErrInvalid, ct, ContentTypeJSON)
+			return fmt.Errorf("%w: datacontenttype %s must be %s", ErrInvalid, shortQuote(ct), ContentTypeJSON)
 		}
 	}
+	// The schema's errors name fields and rules, never values, so a
+	// secret that fails its rule is not copied into logs and dead letters.
 	if err := schema.Validate(e.Type(), e.Data()); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
@@ -69,7 +72,19 @@ func Validate(e event.Event) error {
 		return fmt.Errorf("%w: data field %q: %v", ErrInvalid, k.KeyField, err)
 	}
 	if e.Subject() != key {
-		return fmt.Errorf("%w: subject attribute %q must equal the data's %s %q", ErrInvalid, e.Subject(), k.KeyField, key)
+		return fmt.Errorf("%w: subject attribute %s must equal the data's %s %s", ErrInvalid, shortQuote(e.Subject()), k.KeyField, shortQuote(key))
 	}
 	return nil
+}
+
+// shortQuote quotes an attribute for an error: escaped, so control
+// characters never reach a log or a header raw, and bounded, so a
+// publisher cannot fill a dead letter's reason with it. Only attributes
+// and keys are quoted this way; data values never are.
+func shortQuote(s string) string {
+	const limit = 80
+	if len(s) > limit {
+		return strconv.Quote(s[:limit]) + "…"
+	}
+	return strconv.Quote(s)
 }

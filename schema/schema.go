@@ -9,11 +9,14 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/santhosh-tekuri/jsonschema/v6/kind"
 	"golang.org/x/text/language"
 	"golang.org/x/text/message"
 )
@@ -89,6 +92,8 @@ var ErrUnknownType = errors.New("unknown event type")
 
 // Error is a data validation failure. Problems lists each one as
 // "<field>: <rule>", with the field as a JSON pointer ("/given/0/node").
+// No problem quotes a value of the data: a secret field that fails its
+// rule is named, never shown.
 type Error struct {
 	Type     string
 	Problems []string
@@ -121,7 +126,8 @@ func Validate(typ string, data []byte) error {
 	}
 	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
 	if err != nil {
-		return &Error{Type: typ, Problems: []string{"(data): " + err.Error()}}
+		// The parser's message may quote the data.
+		return &Error{Type: typ, Problems: []string{"(data): not readable as JSON"}}
 	}
 	err = sch.Validate(doc)
 	if err == nil {
@@ -140,13 +146,112 @@ func Validate(typ string, data []byte) error {
 var printer = message.NewPrinter(language.English)
 
 // collect gathers the leaf causes: the parents only say "some child failed".
+// Each is "<field>: <rule>", naming the field and the rule it broke and
+// never the value: data holds secrets (a plaintext pasted where age
+// ciphertext belongs), and these errors reach logs, dead letters' headers
+// and JetStream's advisories.
 func collect(ve *jsonschema.ValidationError, into *[]string) {
 	if len(ve.Causes) == 0 {
-		field := "/" + strings.Join(ve.InstanceLocation, "/")
-		*into = append(*into, field+": "+ve.ErrorKind.LocalizedString(printer))
+		*into = append(*into, field(ve.InstanceLocation)+": "+rule(ve.ErrorKind))
 		return
 	}
 	for _, c := range ve.Causes {
 		collect(c, into)
 	}
+}
+
+// field is the JSON pointer of a failing value. Its tokens come from the
+// schema's property names and array indexes, except under objects that
+// admit any key; those are bounded and escaped.
+func field(loc []string) string {
+	parts := make([]string, len(loc))
+	for i, p := range loc {
+		parts[i] = name(p)
+	}
+	return "/" + strings.Join(parts, "/")
+}
+
+// name prints a property name taken from the data: escaped and bounded,
+// since a name, unlike a value, is worth showing (an unknown field).
+func name(s string) string {
+	const limit = 64
+	if len(s) > limit {
+		s = s[:limit] + "…"
+	}
+	if q := strconv.Quote(s); q[1:len(q)-1] != s {
+		return q
+	}
+	return s
+}
+
+// fieldName matches what a field of Steward's data is called: a name
+// taken from the data is shown only when it looks like one, since a
+// pasted secret can land in a key as well as in a value.
+var fieldName = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_]{0,31}$`)
+
+// names lists unknown property names, withholding any that is not a
+// plausible field name.
+func names(list []string) string {
+	const most = 5
+	out := make([]string, 0, min(len(list), most))
+	withheld := 0
+	for _, n := range list {
+		if !fieldName.MatchString(n) {
+			withheld++
+			continue
+		}
+		if len(out) < most {
+			out = append(out, strconv.Quote(n))
+		}
+	}
+	if shown := len(out); shown < len(list)-withheld {
+		out = append(out, fmt.Sprintf("and %d more", len(list)-withheld-shown))
+	}
+	if withheld > 0 {
+		out = append(out, fmt.Sprintf("%d whose names are withheld (not field names)", withheld))
+	}
+	return strings.Join(out, ", ")
+}
+
+// rule says which rule a value broke, in words that hold no part of the
+// value: the library's own messages quote it ("'…' does not match
+// pattern"), so every kind that carries the value is worded here, and a
+// kind not known here is named by its keyword alone.
+func rule(k jsonschema.ErrorKind) string {
+	switch k := k.(type) {
+	case *kind.Pattern:
+		return "does not match pattern " + strconv.Quote(k.Want)
+	case *kind.Format:
+		return "is not a valid " + k.Want
+	case *kind.MinLength:
+		return fmt.Sprintf("is shorter than %d characters", k.Want)
+	case *kind.MaxLength:
+		return fmt.Sprintf("is longer than %d characters", k.Want)
+	case *kind.Minimum:
+		return "is below the minimum " + k.Want.RatString()
+	case *kind.Maximum:
+		return "is above the maximum " + k.Want.RatString()
+	case *kind.ExclusiveMinimum:
+		return "must be above " + k.Want.RatString()
+	case *kind.ExclusiveMaximum:
+		return "must be below " + k.Want.RatString()
+	case *kind.MultipleOf:
+		return "must be a multiple of " + k.Want.RatString()
+	case *kind.AdditionalProperties:
+		return "additional properties " + names(k.Properties) + " not allowed"
+	case *kind.PropertyNames:
+		return "invalid property name " + names([]string{k.Property})
+	case *kind.InvalidJsonValue:
+		return "is not a JSON value"
+	case *kind.Type, *kind.Enum, *kind.Const, *kind.Required, *kind.MinItems, *kind.MaxItems,
+		*kind.MinProperties, *kind.MaxProperties, *kind.UniqueItems, *kind.Contains,
+		*kind.AdditionalItems, *kind.FalseSchema, *kind.DependentRequired, *kind.Dependency:
+		// These name types, counts, positions and the schema's own
+		// values, never the data's.
+		return k.LocalizedString(printer)
+	}
+	if path := k.KeywordPath(); len(path) > 0 {
+		return "breaks the schema's " + strconv.Quote(strings.Join(path, "/")) + " rule"
+	}
+	return "breaks the schema"
 }

@@ -57,3 +57,49 @@ func TestEverySchemaCompiles(t *testing.T) {
 		t.Fatalf("want 5 schemas, got %d (%v)", got, Types())
 	}
 }
+
+// TestErrorsNeverQuoteSecrets is finding 12.6 as the attack: an operator
+// pastes a plaintext secret where age ciphertext belongs, in a rotation and
+// in each given of a grant. The refusal must name the field and the rule
+// and hold no part of the value, since it is logged by the ingress and the
+// worker and copied into the dead letter's reason and the termination
+// advisory.
+func TestErrorsNeverQuoteSecrets(t *testing.T) {
+	const plain = "hunter2-plaintext-Pa55w0rd"
+	cases := []struct {
+		name, typ, data string
+		fields          []string
+	}{
+		{"rotation", "dev.steward.credential.rotated.v1",
+			`{"hive":"h1","version":1,"clientId":"c","secret":"` + plain + `"}`, []string{"/secret"}},
+		{"grant, every given", "dev.steward.grant.changed.v1",
+			`{"machine":"m1","requirement":"postgres","generation":1,"given":[` +
+				`{"from":"a","node":"n","values":{"name":"app"},"secret":"` + strings.Repeat(plain, 3000) + `"},` +
+				`{"from":"b","node":"n","values":{"name":"app2"},"secret":"` + plain + `","` + plain + `":1}]}`,
+			[]string{"/given/0/secret", "/given/1"}},
+		{"a secret where a number belongs", "dev.steward.credential.rotated.v1",
+			`{"hive":"h1","version":"` + plain + `","clientId":"c","secret":"-----BEGIN AGE ENCRYPTED FILE-----"}`, []string{"/version"}},
+		{"a secret in the client id", "dev.steward.credential.rotated.v1",
+			`{"hive":"h1","version":1,"clientId":"` + plain + ` x","secret":"-----BEGIN AGE ENCRYPTED FILE-----"}`, []string{"/clientId", "pattern"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := Validate(tc.typ, []byte(tc.data))
+			if err == nil {
+				t.Fatal("want an error, got none")
+			}
+			msg := err.Error()
+			// Any run of 6 characters of the secret is too much.
+			for i := 0; i+6 <= len(plain); i++ {
+				if strings.Contains(msg, plain[i:i+6]) {
+					t.Fatalf("the error quotes the secret (%q): %s", plain[i:i+6], msg)
+				}
+			}
+			for _, f := range tc.fields {
+				if !strings.Contains(msg, f) {
+					t.Errorf("error %q does not name %q", msg, f)
+				}
+			}
+		})
+	}
+}
