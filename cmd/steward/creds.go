@@ -2,16 +2,173 @@ package main
 
 import (
 	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/steward-dev/steward/internal/atomicfile"
+	"github.com/steward-dev/steward/internal/natsauth"
 )
 
-func newCredsCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+func newCredsCmd(_ *globals) *cobra.Command {
+	cmd := &cobra.Command{
 		Use:   "creds",
 		Short: "Issue NATS credentials scoped to one role or worker instance",
+		Long: `Steward's bus is closed: NATS runs with decentralised JWT authentication, and
+every process connects with credentials scoped to what its role does.
+
+  operator          the whole JetStream API: steward setup, dlq, status, replay, export
+  publisher         publishes steward.events.> and nothing else (consoles, the ingress)
+  <worker> <inst>   one worker instance: its own consumer, acks, checkpoint, stage
+                    and status keys, outcomes and dead letters
+
+'creds init' makes an operator, the STEWARD account with a signing key, and the
+system account (seeds 0600 in --dir), and the files a nats-server needs.
+'creds issue' signs a user with the account signing key; no server
+configuration changes for a new instance.`,
+	}
+	cmd.AddCommand(newCredsInitCmd(), newCredsIssueCmd())
+	return cmd
+}
+
+func newCredsInitCmd() *cobra.Command {
+	var dir, serverDir string
+	cmd := &cobra.Command{
+		Use:   "init",
+		Short: "Make the operator, the account and its signing key, kept in --dir (kept when they exist)",
+		Long: `Make the NATS authority Steward's credentials are issued from, or read it
+when --dir holds one: operator.nk, account.nk, signing.nk and system.nk (seeds,
+0600), account.pub, and the server's files: operator.jwt and accounts/<key>.jwt.
+--server-dir writes the server's files (no seed) there too, for a server that
+must not see the seeds. The server is configured with
+
+  operator: <server-dir>/operator.jwt
+  resolver: { type: full, dir: <server-dir>/accounts }`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return errors.New("steward creds is not built yet")
+			a, err := natsauth.LoadOrCreate(dir)
+			if err != nil {
+				return err
+			}
+			if serverDir != "" {
+				if err := a.WriteServerFiles(serverDir); err != nil {
+					return err
+				}
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "NATS authority in %s: account %s (%s), system account %s\n", dir, natsauth.AccountName, a.AccountPublic, a.SystemPublic)
+			if serverDir != "" {
+				fmt.Fprintf(out, "server files in %s: %s and %s/\n", serverDir, natsauth.OperatorJWTFile, natsauth.ResolverDir)
+			}
+			fmt.Fprintf(out, "issue credentials with: steward creds issue <worker> <instance> --account-seed %s --out <file>\n", filepath.Join(dir, natsauth.SigningSeedFile))
+			return nil
 		},
 	}
+	cmd.Flags().StringVar(&dir, "dir", "nats-auth", "folder of the authority's seeds and files")
+	cmd.Flags().StringVar(&serverDir, "server-dir", "", "also write the server's files (operator.jwt, accounts/) here")
+	return cmd
+}
+
+func newCredsIssueCmd() *cobra.Command {
+	var seedFile, account, out string
+	cmd := &cobra.Command{
+		Use:   "issue operator | publisher | <worker> <instance>",
+		Short: "Write a .creds file for the operator, a publisher or one worker instance",
+		Long: `Write NATS credentials (a user JWT signed with the account signing key, and the
+user's own nkey seed) scoped to one identity, to --out (0600, atomically; a file
+there is replaced). The server needs no change: it trusts the account, and the
+account trusts its signing key.
+
+  steward creds issue converge install-7 --account-seed nats-auth/signing.nk --out converge-install-7.creds
+  steward creds issue publisher --account-seed nats-auth/signing.nk --out publisher.creds
+
+The worker connects with STEWARD_NATS_CREDS=<file>; its inbox prefix is read
+from the credentials.`,
+		Args: cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := credsIdentity(args)
+			if err != nil {
+				return err
+			}
+			if seedFile == "" {
+				return errors.New("--account-seed is required: the account signing key's seed file (signing.nk, made by steward creds init)")
+			}
+			seed, err := os.ReadFile(seedFile)
+			if err != nil {
+				return fmt.Errorf("--account-seed: %w", err)
+			}
+			acct, err := accountOf(account, seedFile)
+			if err != nil {
+				return err
+			}
+			creds, err := natsauth.IssueCreds(seed, acct, id)
+			if err != nil {
+				return fmt.Errorf("--account-seed %s: %w", seedFile, err)
+			}
+			if out == "" {
+				out = id.Name() + ".creds"
+			}
+			if err := atomicfile.Write(out, creds, 0o600); err != nil {
+				return fmt.Errorf("--out: %w", err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "credentials of %s (%s) written to %s (0600); use them with STEWARD_NATS_CREDS=%s or nats --creds %s\n",
+				id.Name(), id.Role, out, out, out)
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&seedFile, "account-seed", "", "seed file of the account's signing key (or of the account itself)")
+	fs.StringVar(&account, "account", "", "the account's public key, or a file holding it (empty: account.pub beside --account-seed, else the seed is the account's own)")
+	fs.StringVar(&out, "out", "", "where to write the credentials (empty: <name>.creds here)")
+	return cmd
+}
+
+// credsIdentity reads `creds issue`'s arguments.
+func credsIdentity(args []string) (natsauth.Identity, error) {
+	if len(args) == 1 {
+		switch args[0] {
+		case string(natsauth.RoleOperator):
+			return natsauth.Operator(), nil
+		case string(natsauth.RolePublisher):
+			return natsauth.Publisher(), nil
+		}
+		return natsauth.Identity{}, fmt.Errorf("%q: want operator, publisher, or a worker and its instance (%s)", args[0], strings.Join(kindNames(), ", "))
+	}
+	if !slices.Contains(kindNames(), args[0]) {
+		return natsauth.Identity{}, fmt.Errorf("worker %q: want one of %s", args[0], strings.Join(kindNames(), ", "))
+	}
+	return natsauth.Worker(args[0], args[1])
+}
+
+func kindNames() []string {
+	var out []string
+	for _, k := range kinds {
+		out = append(out, k.name)
+	}
+	return out
+}
+
+// accountOf is --account: a public key, a file holding one, or the
+// account.pub beside the seed file.
+func accountOf(flag, seedFile string) (string, error) {
+	if strings.HasPrefix(flag, "A") && !strings.ContainsAny(flag, "/.") {
+		return flag, nil
+	}
+	path := flag
+	if path == "" {
+		path = filepath.Join(filepath.Dir(seedFile), natsauth.AccountPubFile)
+	}
+	raw, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		return strings.TrimSpace(string(raw)), nil
+	case flag == "" && errors.Is(err, fs.ErrNotExist):
+		return "", nil
+	}
+	return "", fmt.Errorf("--account: %w", err)
 }

@@ -18,10 +18,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/atomicfile"
+	"github.com/steward-dev/steward/internal/natsauth"
 	"github.com/steward-dev/steward/internal/pgserver"
 	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers"
@@ -91,7 +94,27 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, o 
 	if err := os.MkdirAll(filepath.Join(dir, "nats"), 0o700); err != nil {
 		return fmt.Errorf("--dir: %w", err)
 	}
-	srv, err := startDevNATS(filepath.Join(dir, "nats"), o.natsListen)
+	// The bus is closed in dev too: the embedded server trusts dev's own
+	// operator and account (kept under --dir, so the store's account
+	// stays the same across runs), and every part of dev connects with
+	// credentials scoped to its role.
+	auth, err := natsauth.LoadOrCreate(filepath.Join(dir, devAuthDir))
+	if err != nil {
+		return err
+	}
+	creds := devCreds{dir: filepath.Join(dir, devCredsDir), auth: auth}
+	if err := os.MkdirAll(creds.dir, 0o700); err != nil {
+		return fmt.Errorf("--dir: %w", err)
+	}
+	operatorCreds, err := creds.write(natsauth.Operator())
+	if err != nil {
+		return err
+	}
+	publisherCreds, err := creds.write(natsauth.Publisher())
+	if err != nil {
+		return err
+	}
+	srv, err := startDevNATS(filepath.Join(dir, "nats"), o.natsListen, auth)
 	if err != nil {
 		return err
 	}
@@ -113,30 +136,41 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, o 
 		srv.WaitForShutdown()
 	}()
 	url := srv.ClientURL()
-	fmt.Fprintf(out, "NATS with JetStream: %s (store %s)\n", url, filepath.Join(dir, "nats"))
-	fmt.Fprintf(out, "  export STEWARD_NATS_URL=%s   # for the steward commands below\n", url)
+	fmt.Fprintf(out, "NATS with JetStream: %s (store %s; closed: JWT authentication, credentials in %s)\n", url, filepath.Join(dir, "nats"), creds.dir)
+	fmt.Fprintf(out, "  export STEWARD_NATS_URL=%s STEWARD_NATS_CREDS=%s   # for the steward commands below, as the operator\n", url, operatorCreds)
+	fmt.Fprintf(out, "  nats --server %s --creds %s stream ls   # the nats CLI, as the operator\n", url, operatorCreds)
+	fmt.Fprintf(out, "  publishers: %s (publishes steward.events.> only); each worker instance: %s\n", publisherCreds, filepath.Join(creds.dir, "<worker>-<instance>.creds"))
 
 	g.natsURL = url
-	nc, js, err := g.connect(ctx, "steward dev", false)
+	// Setup is the operator's: dev creates the streams and the bucket
+	// with the operator's credentials, as compose's setup service does.
+	opG := g.as(operatorCreds)
+	nc, js, err := opG.connect(ctx, "steward dev setup", false)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	if err := events.EnsureStreams(ctx, js, streamConfig(g)); err != nil {
+	if err := workers.SetupBus(ctx, js, workers.DefaultBusConfig(g.replicas)); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "streams: %s, %s, %s\n", events.StreamEvents, events.StreamOutcomes, events.StreamDLQ)
+	fmt.Fprintf(out, "streams: %s, %s, %s; bucket %s (made by dev as the operator; workers may not)\n", events.StreamEvents, events.StreamOutcomes, events.StreamDLQ, workers.CheckpointBucket)
 
 	token, err := devToken(filepath.Join(dir, tokenFile))
 	if err != nil {
 		return err
 	}
+	// The ingress is a publisher.
+	pubNC, pubJS, err := g.as(publisherCreds).connect(ctx, "steward dev ingress", false)
+	if err != nil {
+		return err
+	}
+	defer pubNC.Close()
 	reg := newRegistry()
 	var running []*workers.Worker
 	var mu sync.Mutex
 	ready := func() error {
-		if !nc.IsConnected() {
-			return fmt.Errorf("NATS is %s", nc.Status())
+		if !pubNC.IsConnected() {
+			return fmt.Errorf("NATS is %s", pubNC.Status())
 		}
 		mu.Lock()
 		defer mu.Unlock()
@@ -147,7 +181,7 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, o 
 		}
 		return nil
 	}
-	mux, err := ingressMux(g, js, reg, token, publisher.DefaultMaxBody, ready)
+	mux, err := ingressMux(g, pubJS, reg, token, publisher.DefaultMaxBody, ready)
 	if err != nil {
 		return err
 	}
@@ -167,11 +201,22 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, o 
 	runCtx, stopWorkers := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWorkers()
 	var wg sync.WaitGroup
+	var conns []*nats.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
 	for _, k := range kinds {
 		h, lines, err := devHandler(ctx, k, dir, pg)
 		var w *workers.Worker
 		if err == nil {
-			w, err = workers.New(ctx, js, h.Spec(), h, rf.options(g, reg)...)
+			// Each worker instance connects as itself.
+			var wnc *nats.Conn
+			wnc, w, err = creds.startWorker(ctx, g, rf, reg, h)
+			if wnc != nil {
+				conns = append(conns, wnc)
+			}
 		}
 		if err != nil {
 			// provision's reasons say "provision is not running" themselves.
@@ -198,17 +243,66 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, o 
 			}
 		}()
 	}
-	printHowToPublish(out, url, base, token)
+	printHowToPublish(out, url, base, token, publisherCreds)
 	fmt.Fprintln(out, "steward dev is running; Ctrl-C stops it")
 
 	<-ctx.Done()
 	fmt.Fprintln(out, "stopping: workers finish what they hold, then the ingress, NATS and PostgreSQL stop")
 	stopWorkers()
 	wg.Wait()
-	if err := nc.FlushTimeout(5 * time.Second); err != nil {
-		g.log.Warn().Err(err).Msg("NATS flush at shutdown")
+	for _, c := range append([]*nats.Conn{pubNC, nc}, conns...) {
+		if err := c.FlushTimeout(5 * time.Second); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+			g.log.Warn().Err(err).Msg("NATS flush at shutdown")
+		}
 	}
 	return nil
+}
+
+// Where dev keeps its NATS authority (seeds and JWTs) and the credentials
+// it issues from it, under --dir.
+const (
+	devAuthDir  = "nats-auth"
+	devCredsDir = "creds"
+)
+
+// devCreds issues dev's credentials files, one per identity.
+type devCreds struct {
+	dir  string
+	auth *natsauth.Authority
+}
+
+// write issues id's credentials into <dir>/<name>.creds (0600,
+// atomically) and returns the path. They are issued anew each run: a
+// user key costs nothing, and old files never outlive a --dir.
+func (c devCreds) write(id natsauth.Identity) (string, error) {
+	path := filepath.Join(c.dir, id.Name()+".creds")
+	if err := c.auth.WriteCreds(path, id); err != nil {
+		return "", err
+	}
+	return path, nil
+}
+
+// startWorker connects as h's instance, with credentials scoped to it, and
+// makes its runtime.
+func (c devCreds) startWorker(ctx context.Context, g *globals, rf *runtimeFlags, reg *prometheus.Registry, h handler) (*nats.Conn, *workers.Worker, error) {
+	spec := h.Spec()
+	id, err := natsauth.Worker(spec.Name, spec.Instance)
+	if err != nil {
+		return nil, nil, err
+	}
+	path, err := c.write(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	nc, js, err := g.as(path).connect(ctx, "steward dev "+id.Name(), false)
+	if err != nil {
+		return nil, nil, err
+	}
+	w, err := workers.New(ctx, js, spec, h, rf.options(g, reg)...)
+	if err != nil {
+		return nc, nil, err
+	}
+	return nc, w, nil
 }
 
 // devPostgres is the provision worker's PostgreSQL in dev: a private
@@ -318,7 +412,7 @@ func devHandler(ctx context.Context, k kind, dir string, pg *devPostgres) (handl
 
 // startDevNATS starts the embedded server. It refuses 4222, the port of a
 // NATS an operator may already run, whose streams dev must not touch.
-func startDevNATS(store, listen string) (*server.Server, error) {
+func startDevNATS(store, listen string, auth *natsauth.Authority) (*server.Server, error) {
 	host, portText, err := net.SplitHostPort(listen)
 	if err != nil {
 		return nil, fmt.Errorf("--nats-listen %q is not host:port: %w", listen, err)
@@ -339,7 +433,7 @@ func startDevNATS(store, listen string) (*server.Server, error) {
 		return nil, fmt.Errorf("--nats-listen %s: %w (is another steward dev running? give another --nats-listen)", listen, err)
 	}
 	ln.Close()
-	srv, err := server.NewServer(&server.Options{
+	opts := &server.Options{
 		ServerName: "steward-dev",
 		Host:       host,
 		Port:       port,
@@ -347,7 +441,11 @@ func startDevNATS(store, listen string) (*server.Server, error) {
 		StoreDir:   store,
 		NoLog:      true,
 		NoSigs:     true,
-	})
+	}
+	if err := auth.Configure(opts); err != nil {
+		return nil, fmt.Errorf("embedded NATS: %w", err)
+	}
+	srv, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("embedded NATS: %w", err)
 	}
@@ -380,15 +478,15 @@ func devToken(path string) (string, error) {
 	return tok, nil
 }
 
-func printHowToPublish(out io.Writer, natsURL, base, token string) {
+func printHowToPublish(out io.Writer, natsURL, base, token, publisherCreds string) {
 	typ := events.TypeReleasePublished
 	fmt.Fprintf(out, `
 how to publish an event (here a release; any program that sets NATS headers can):
-  go run ./cmd/steward publish --nats-url %[1]s --type %[2]s --data '{"version":"1.2.3"}'
-  nats --server %[1]s pub steward.events.release.published --header ce-specversion:1.0 --header ce-type:%[2]s --header ce-source:/cli --header ce-id:rel-1.2.3 --header ce-subject:1.2.3 --header content-type:application/json '{"version":"1.2.3"}'
+  go run ./cmd/steward publish --nats-url %[1]s --nats-creds %[6]s --type %[2]s --data '{"version":"1.2.3"}'
+  nats --server %[1]s --creds %[6]s pub steward.events.release.published --header ce-specversion:1.0 --header ce-type:%[2]s --header ce-source:/cli --header ce-id:rel-1.2.3 --header ce-subject:1.2.3 --header content-type:application/json '{"version":"1.2.3"}'
   curl -H 'Authorization: Bearer %[4]s' -H 'ce-specversion: 1.0' -H 'ce-type: %[2]s' -H 'ce-source: /cli' -H 'ce-id: rel-1.2.3' -H 'ce-subject: 1.2.3' -H 'content-type: application/json' -d '{"version":"1.2.3"}' %[3]s%[5]s
 then look: go run ./cmd/steward status --nats-url %[1]s  |  go run ./cmd/steward dlq ls --nats-url %[1]s
-`, natsURL, typ, base, token, publisher.IngressPath)
+`, natsURL, typ, base, token, publisher.IngressPath, publisherCreds)
 }
 
 // oneLine keeps a multi-line reason on one printed line.

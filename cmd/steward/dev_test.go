@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -23,8 +24,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/natsauth"
 	"github.com/steward-dev/steward/internal/pgserver"
 	"github.com/steward-dev/steward/publisher"
+	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/converge"
 	"github.com/steward-dev/steward/workers/credential"
 	"github.com/steward-dev/steward/workers/join"
@@ -38,6 +41,14 @@ type devRun struct {
 	natsURL string
 	ingress string
 	token   string
+	// operatorCreds and publisherCreds are the credentials files dev
+	// printed: the bus is closed, so every client needs one.
+	operatorCreds, publisherCreds string
+}
+
+// env is what dev says to export for the steward commands.
+func (d devRun) env() []string {
+	return []string{"STEWARD_NATS_URL=" + d.natsURL, "STEWARD_NATS_CREDS=" + d.operatorCreds}
 }
 
 func startDev(t *testing.T, dir string) devRun {
@@ -60,6 +71,16 @@ func startDevWith(t *testing.T, env []string, dir string, flags ...string) devRu
 		t.Fatalf("first line %q does not give the NATS URL", lines[0])
 	}
 	d.natsURL = strings.Fields(first)[0]
+	export := regexp.MustCompile(`^  export STEWARD_NATS_URL=(\S+) STEWARD_NATS_CREDS=(\S+) `).FindStringSubmatch(lines[1])
+	if export == nil || export[1] != d.natsURL {
+		t.Fatalf("second line %q does not say what to export", lines[1])
+	}
+	d.operatorCreds = export[2]
+	pubs := regexp.MustCompile(`^  publishers: (\S+) `).FindStringSubmatch(p.waitLine(t, "  publishers: "))
+	if pubs == nil {
+		t.Fatal("dev printed no publishers' credentials")
+	}
+	d.publisherCreds = pubs[1]
 	ing := p.waitLine(t, "ingress: POST ")
 	f := strings.Fields(ing)
 	d.ingress, d.token = f[2], strings.TrimSuffix(f[5], ",")
@@ -68,7 +89,25 @@ func startDevWith(t *testing.T, env []string, dir string, flags ...string) devRu
 
 func connectJS(t *testing.T, url string) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
-	nc, err := nats.Connect(url)
+	return connectCreds(t, url, "")
+}
+
+// connectCreds connects with a credentials file (none when creds is
+// empty) and the inbox prefix it allows, as steward's --nats-creds does.
+func connectCreds(t *testing.T, url, creds string) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	var opts []nats.Option
+	if creds != "" {
+		raw, err := os.ReadFile(creds)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts = append(opts, nats.UserCredentials(creds))
+		if p := natsauth.CredsInboxPrefix(raw); p != "" {
+			opts = append(opts, nats.CustomInboxPrefix(p))
+		}
+	}
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +164,9 @@ func waitOutcome(t *testing.T, js jetstream.JetStream, worker, instance, id stri
 func TestDev(t *testing.T) {
 	dir := t.TempDir()
 	d := startDev(t, dir)
-	nc, js := connectJS(t, d.natsURL)
+	_, js := connectCreds(t, d.natsURL, d.operatorCreds)
+	// Events come from a publisher's identity, as from a console.
+	nc, _ := connectCreds(t, d.natsURL, d.publisherCreds)
 
 	raw, err := os.ReadFile(filepath.Join(dir, tokenFile))
 	if err != nil {
@@ -216,7 +257,7 @@ func TestDev(t *testing.T) {
 		for _, line := range publishLines(t, d.p.snapshot(), worker) {
 			sh := strings.Replace(line, "go run ./cmd/steward", bin, 1)
 			cmd := exec.Command("sh", "-c", sh)
-			cmd.Env = cleanEnv("STEWARD_NATS_URL=" + d.natsURL)
+			cmd.Env = cleanEnv(d.env()...)
 			if out, err := cmd.CombinedOutput(); err != nil {
 				t.Fatalf("%s line %q: %v\n%s", worker, line, err, out)
 			}
@@ -271,7 +312,7 @@ func TestDev(t *testing.T) {
 	if d2.token != d.token {
 		t.Fatalf("second run printed token %q, want the kept %q", d2.token, d.token)
 	}
-	_, js2 := connectJS(t, d2.natsURL)
+	_, js2 := connectCreds(t, d2.natsURL, d2.operatorCreds)
 	s, err := js2.Stream(context.Background(), events.StreamEvents)
 	if err != nil {
 		t.Fatal(err)
@@ -437,7 +478,7 @@ func publishGrant(t *testing.T, d devRun, js jetstream.JetStream) string {
 	before := len(workertest.Outcomes(t, js, provision.Name, provision.DevMachine))
 	for _, line := range publishLines(t, d.p.snapshot(), provision.Name) {
 		cmd := exec.Command("sh", "-c", strings.Replace(line, "go run ./cmd/steward", bin, 1))
-		cmd.Env = cleanEnv("STEWARD_NATS_URL=" + d.natsURL)
+		cmd.Env = cleanEnv(d.env()...)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("provision line %q: %v\n%s", line, err, out)
 		}
@@ -515,7 +556,7 @@ func TestDevPostgres(t *testing.T) {
 		t.Fatalf("running as root, the line %q does not say the server runs as postgres", line)
 	}
 	d.p.waitLine(t, "provision is running")
-	_, js := connectJS(t, d.natsURL)
+	_, js := connectCreds(t, d.natsURL, d.operatorCreds)
 	if typ := publishGrant(t, d, js); typ != "dev.steward.grant.applied.v1" {
 		t.Fatalf("the grant's outcome is %s", typ)
 	}
@@ -594,7 +635,7 @@ func TestDevDatabaseURL(t *testing.T) {
 		t.Fatalf("dev made a cluster folder though --database-url was given: %v", err)
 	}
 	d.p.waitLine(t, "provision is running")
-	_, js := connectJS(t, d.natsURL)
+	_, js := connectCreds(t, d.natsURL, d.operatorCreds)
 	if typ := publishGrant(t, d, js); typ != "dev.steward.grant.applied.v1" {
 		t.Fatalf("the grant's outcome is %s", typ)
 	}
@@ -643,5 +684,146 @@ func TestDevNoPostgres(t *testing.T) {
 	}
 	if code := d.p.stop(t, syscall.SIGINT); code != 0 {
 		t.Fatalf("dev exited %d after SIGINT", code)
+	}
+}
+
+// watchedConn connects with creds and reports the permission violations
+// the server sends it on the returned channel.
+func watchedConn(t *testing.T, url, creds string) (*nats.Conn, <-chan string) {
+	t.Helper()
+	raw, err := os.ReadFile(creds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	denied := make(chan string, 16)
+	nc, err := nats.Connect(url, nats.UserCredentials(creds), nats.CustomInboxPrefix(natsauth.CredsInboxPrefix(raw)),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { denied <- err.Error() }))
+	if err != nil {
+		t.Fatalf("connect with %s: %v", creds, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc, denied
+}
+
+// refusedPublish publishes to subject and waits for the server to say it
+// refused it.
+func refusedPublish(t *testing.T, nc *nats.Conn, denied <-chan string, subject string) {
+	t.Helper()
+	if err := nc.Publish(subject, []byte(`{"forged":true}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	timeout := time.After(5 * time.Second)
+	for {
+		select {
+		case msg := <-denied:
+			if strings.Contains(msg, "Permissions Violation") && strings.Contains(msg, `"`+subject+`"`) {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("the server did not refuse a publish to %s", subject)
+		}
+	}
+}
+
+// TestDevAuth proves dev's bus is closed: a connection without
+// credentials is refused and steward says what to set; the credentials
+// files dev wrote are 0600 and the nats CLI line names them; the
+// publisher cannot forge a checkpoint; a worker instance cannot publish
+// events or write another instance's keys; and credentials issued with
+// `steward creds issue` from dev's signing key work on dev's server with
+// no change to it (the fleet path).
+func TestDevAuth(t *testing.T) {
+	dir := t.TempDir()
+	d := startDev(t, dir)
+
+	if nc, err := nats.Connect(d.natsURL); err == nil {
+		nc.Close()
+		t.Fatal("dev's NATS accepted a connection without credentials")
+	}
+	r := run(t, []string{"STEWARD_NATS_URL=" + d.natsURL}, "status")
+	if r.code == 0 || !strings.Contains(r.stderr, "STEWARD_NATS_CREDS") || !strings.Contains(r.stderr, "Authorization Violation") {
+		t.Fatalf("status without credentials: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if r := ok(t, d.env(), "status"); !strings.Contains(r.stdout, events.StreamEvents) {
+		t.Fatalf("status as the operator:\n%s", r.stdout)
+	}
+
+	cli := d.p.waitLine(t, "  nats --server ")
+	if want := fmt.Sprintf("  nats --server %s --creds %s stream ls", d.natsURL, d.operatorCreds); !strings.HasPrefix(cli, want) {
+		t.Fatalf("nats CLI line %q, want %q", cli, want)
+	}
+	workerCreds := filepath.Join(dir, devCredsDir, converge.Name+"-"+converge.DevInstall+".creds")
+	for _, f := range []string{d.operatorCreds, d.publisherCreds, workerCreds, filepath.Join(dir, devAuthDir, natsauth.SigningSeedFile)} {
+		if fi, err := os.Stat(f); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s: %v (%v); want a 0600 file", f, fi, err)
+		}
+	}
+	for _, f := range []string{natsauth.OperatorSeedFile, natsauth.AccountSeedFile, natsauth.SigningSeedFile, natsauth.SystemSeedFile} {
+		seed, err := os.ReadFile(filepath.Join(dir, devAuthDir, f))
+		if err != nil || len(seed) < 50 {
+			t.Fatalf("%s: %v", f, err)
+		}
+		if strings.Contains(d.p.output(), strings.TrimSpace(string(seed))) {
+			t.Fatalf("dev printed the seed of %s", f)
+		}
+	}
+
+	_, js := connectCreds(t, d.natsURL, d.operatorCreds)
+	kv, err := js.KeyValue(context.Background(), workers.CheckpointBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := "cp." + converge.Name + "." + converge.DevInstall + ".forged"
+	pub, pubDenied := watchedConn(t, d.natsURL, d.publisherCreds)
+	refusedPublish(t, pub, pubDenied, "$KV."+workers.CheckpointBucket+"."+cp)
+	refusedPublish(t, pub, pubDenied, "$JS.API.STREAM.INFO."+events.StreamEvents)
+	if _, err := kv.Get(context.Background(), cp); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("the publisher's forged checkpoint: %v", err)
+	}
+
+	w, wDenied := watchedConn(t, d.natsURL, workerCreds)
+	refusedPublish(t, w, wDenied, "steward.events.release.published")
+	refusedPublish(t, w, wDenied, "$KV."+workers.CheckpointBucket+".cp."+join.Name+"."+join.DevBox+".invitation")
+	refusedPublish(t, w, wDenied, "$KV."+workers.CheckpointBucket+".rt."+credential.Name+"."+credential.DevHive)
+
+	// The fleet path: a new instance's credentials from the signing key
+	// alone; dev's server trusts them as they are.
+	issued := filepath.Join(t.TempDir(), "converge-install-7.creds")
+	r = ok(t, nil, "creds", "issue", converge.Name, "install-7",
+		"--account-seed", filepath.Join(dir, devAuthDir, natsauth.SigningSeedFile), "--out", issued)
+	if !strings.Contains(r.stdout, issued) || strings.Contains(r.stdout+r.stderr, "SU") {
+		t.Fatalf("creds issue printed %q %q", r.stdout, r.stderr)
+	}
+	if fi, err := os.Stat(issued); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("issued credentials: %v (%v); want 0600", fi, err)
+	}
+	fleet, fleetDenied := watchedConn(t, d.natsURL, issued)
+	refusedPublish(t, fleet, fleetDenied, "$KV."+workers.CheckpointBucket+".cp."+converge.Name+"."+converge.DevInstall+".release")
+	fjs, err := jetstream.New(fleet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fkv, err := fjs.KeyValue(context.Background(), workers.CheckpointBucket)
+	if err != nil {
+		t.Fatalf("install-7 binds the bucket: %v", err)
+	}
+	if _, err := fkv.Put(context.Background(), "rt.converge.install-7", []byte(`{}`)); err != nil {
+		t.Fatalf("install-7 writes its own status: %v", err)
+	}
+
+	for _, bad := range [][]string{
+		{"creds", "issue", "nosuchworker", "x", "--account-seed", filepath.Join(dir, devAuthDir, natsauth.SigningSeedFile)},
+		{"creds", "issue", converge.Name, "a.b", "--account-seed", filepath.Join(dir, devAuthDir, natsauth.SigningSeedFile)},
+		{"creds", "issue", "publisher"},
+	} {
+		if r := run(t, nil, bad...); r.code == 0 {
+			t.Fatalf("steward %v succeeded", bad)
+		}
+	}
+	if code := d.p.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("dev exited %d after SIGTERM", code)
 	}
 }

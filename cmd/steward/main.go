@@ -25,6 +25,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
+
+	"github.com/steward-dev/steward/internal/natsauth"
 )
 
 func main() {
@@ -41,6 +43,14 @@ func main() {
 type globals struct {
 	natsURL   string
 	natsCreds string
+	// natsUser and natsPasswordFile, or natsNkey (a seed file), are the
+	// other ways to authenticate; secrets are named by file, never given
+	// on a command line where every user of the machine can read them.
+	natsUser, natsPasswordFile string
+	natsNkey                   string
+	// natsInbox is the reply subjects' prefix; empty: the one the
+	// credentials allow (natsauth.CredsInboxPrefix), else _INBOX.
+	natsInbox string
 	replicas  int
 	httpAddr  string
 	logLevel  string
@@ -70,7 +80,11 @@ Every flag has an environment twin, STEWARD_<FLAG> with '-' as '_'
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.natsURL, "nats-url", nats.DefaultURL, "NATS server URL(s), comma-separated")
-	pf.StringVar(&g.natsCreds, "nats-creds", "", "NATS credentials file (user JWT and nkey seed)")
+	pf.StringVar(&g.natsCreds, "nats-creds", "", "NATS credentials file (user JWT and nkey seed), as `steward creds issue` and `steward dev` write them")
+	pf.StringVar(&g.natsUser, "nats-user", "", "NATS user name, with --nats-password-file (instead of --nats-creds)")
+	pf.StringVar(&g.natsPasswordFile, "nats-password-file", "", "file holding the NATS password of --nats-user")
+	pf.StringVar(&g.natsNkey, "nats-nkey", "", "NATS nkey seed file (instead of --nats-creds)")
+	pf.StringVar(&g.natsInbox, "nats-inbox-prefix", "", "prefix of reply subjects (empty: the one --nats-creds allows, else _INBOX)")
 	pf.IntVar(&g.replicas, "replicas", 1, "replicas of the streams and the checkpoint bucket (3 on a three-node cluster)")
 	pf.StringVar(&g.httpAddr, "http-addr", "", "address to serve /metrics, /healthz and /readyz on (empty: none)")
 	pf.StringVar(&g.logLevel, "log-level", "info", "log level: trace, debug, info, warn or error")
@@ -118,6 +132,15 @@ func isTerminal(w io.Writer) bool {
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
+// as is a copy of g that authenticates with the credentials file creds
+// and no other way: steward dev connects each of its parts as its own
+// identity.
+func (g *globals) as(creds string) *globals {
+	c := *g
+	c.natsCreds, c.natsUser, c.natsPasswordFile, c.natsNkey, c.natsInbox = creds, "", "", "", ""
+	return &c
+}
+
 // connect opens a NATS connection that reconnects forever once it is up.
 // With wait it also retries the first connection until ctx ends, as a
 // long-running service started before its NATS server should; without it a
@@ -136,9 +159,11 @@ func (g *globals) connect(ctx context.Context, name string, wait bool) (*nats.Co
 			g.log.Info().Str("server", nc.ConnectedUrlRedacted()).Msg("NATS reconnected")
 		}),
 	}
-	if g.natsCreds != "" {
-		opts = append(opts, nats.UserCredentials(g.natsCreds))
+	auth, err := g.authOptions()
+	if err != nil {
+		return nil, nil, err
 	}
+	opts = append(opts, auth...)
 	var (
 		nc *nats.Conn
 		js jetstream.JetStream
@@ -146,7 +171,12 @@ func (g *globals) connect(ctx context.Context, name string, wait bool) (*nats.Co
 	dial := func() error {
 		c, err := nats.Connect(g.natsURL, opts...)
 		if err != nil {
-			return fmt.Errorf("connect to NATS at %s (--nats-url): %w", redactURL(g.natsURL), err)
+			err = fmt.Errorf("connect to NATS at %s (--nats-url): %w", redactURL(g.natsURL), err)
+			if isAuthError(err) {
+				// Waiting does not fix credentials.
+				return backoff.Permanent(fmt.Errorf("%w; %s", err, g.authHint()))
+			}
+			return err
 		}
 		j, err := jetstream.New(c)
 		if err != nil {
@@ -163,6 +193,78 @@ func (g *globals) connect(ctx context.Context, name string, wait bool) (*nats.Co
 		return nil, nil, err
 	}
 	return nc, js, nil
+}
+
+// authOptions are the connection's credentials and inbox prefix. At most
+// one way to authenticate is given; none is allowed (a bus without
+// authorization, or a user in the URL) and the server decides.
+func (g *globals) authOptions() ([]nats.Option, error) {
+	ways := 0
+	for _, set := range []bool{g.natsCreds != "", g.natsUser != "", g.natsNkey != ""} {
+		if set {
+			ways++
+		}
+	}
+	if ways > 1 {
+		return nil, errors.New("--nats-creds, --nats-user and --nats-nkey are three ways to authenticate; give one")
+	}
+	if (g.natsUser == "") != (g.natsPasswordFile == "") {
+		return nil, errors.New("--nats-user and --nats-password-file go together; give both, or --nats-creds instead")
+	}
+	var opts []nats.Option
+	inbox := g.natsInbox
+	switch {
+	case g.natsCreds != "":
+		raw, err := os.ReadFile(g.natsCreds)
+		if err != nil {
+			return nil, fmt.Errorf("--nats-creds: %w", err)
+		}
+		if inbox == "" {
+			inbox = natsauth.CredsInboxPrefix(raw)
+		}
+		opts = append(opts, nats.UserCredentials(g.natsCreds))
+	case g.natsUser != "":
+		raw, err := os.ReadFile(g.natsPasswordFile)
+		if err != nil {
+			return nil, fmt.Errorf("--nats-password-file: %w", err)
+		}
+		pass := strings.TrimRight(string(raw), "\r\n")
+		if pass == "" {
+			return nil, fmt.Errorf("--nats-password-file %s is empty; write the password of --nats-user %s into it", g.natsPasswordFile, g.natsUser)
+		}
+		opts = append(opts, nats.UserInfo(g.natsUser, pass))
+	case g.natsNkey != "":
+		o, err := nats.NkeyOptionFromSeed(g.natsNkey)
+		if err != nil {
+			// nats.go's error may quote the file; name the file only.
+			return nil, fmt.Errorf("--nats-nkey %s holds no readable nkey seed", g.natsNkey)
+		}
+		opts = append(opts, o)
+	}
+	if inbox != "" && inbox != "_INBOX" {
+		opts = append(opts, nats.CustomInboxPrefix(inbox))
+	}
+	return opts, nil
+}
+
+// isAuthError says whether NATS refused the credentials (or their
+// absence).
+func isAuthError(err error) bool {
+	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrAuthRevoked) ||
+		strings.Contains(strings.ToLower(err.Error()), "authorization violation")
+}
+
+// authHint says what to do when the server refused the connection.
+func (g *globals) authHint() string {
+	switch {
+	case g.natsCreds != "":
+		return fmt.Sprintf("the server refused the credentials in --nats-creds %s: issue them again with `steward creds issue` from the account the server trusts", g.natsCreds)
+	case g.natsUser != "":
+		return fmt.Sprintf("the server refused user %s: check --nats-user and --nats-password-file", g.natsUser)
+	case g.natsNkey != "":
+		return fmt.Sprintf("the server refused the nkey in --nats-nkey %s", g.natsNkey)
+	}
+	return "the bus is closed and no credentials were given: set --nats-creds (STEWARD_NATS_CREDS) to a file from `steward creds issue`, or the one `steward dev` prints"
 }
 
 // retry runs fn until it succeeds, ctx ends or fn returns a
