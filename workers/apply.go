@@ -126,7 +126,8 @@ func (w *Worker) apply(ctx context.Context, h *held, log zerolog.Logger) (string
 func (w *Worker) delivery(h *held, cp checkpoint, rev uint64, log zerolog.Logger) *Delivery {
 	return &Delivery{
 		Event: h.event, Key: h.key, Sequence: h.seq, Attempt: h.delivered + h.attempts, Log: log,
-		w: w, lane: h.lane, cp: cp, cpRev: rev,
+		backend: (*runtimeBackend)(w), name: w.spec.Name, instance: w.spec.Instance, noun: w.spec.OutcomeNoun, now: w.o.now,
+		lane: h.lane, cp: cp, cpRev: rev,
 	}
 }
 

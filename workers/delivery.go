@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go/jetstream"
@@ -16,6 +17,11 @@ import (
 
 // Delivery is one event handed to a Handler, with what the runtime knows of
 // it and the means to save progress and report outcomes.
+//
+// Everything a Delivery does beyond its own event goes through a Backend:
+// the runtime's writes to JetStream and its checkpoint bucket, while
+// workertest's keeps outcomes, stages and state in memory, so a handler
+// runs in a test with no server (NewDelivery).
 type Delivery struct {
 	// Event has passed validation: a known type, data that meets its
 	// schema, a valid key.
@@ -30,13 +36,61 @@ type Delivery struct {
 	// Never log secrets through it.
 	Log zerolog.Logger
 
-	w     *Worker
+	backend Backend
+	// name, instance and noun are the Spec's, for outcome ids and types.
+	name, instance, noun string
+	now                  func() time.Time
+	// lane, cp and cpRev are the runtime's: the checkpoint of the event's
+	// lane as last read or written, which SaveStage moves and apply.go
+	// settles from. Outside the runtime cp only carries the stage.
 	lane  string
 	cp    checkpoint
 	cpRev uint64
-	// replay is set when the event is replayed through the handler outside
-	// the consumer; stages are then not saved.
-	replay bool
+}
+
+// Backend is what a Delivery acts through: where outcomes go, where a
+// stage is kept and the worker instance's state. The runtime's is JetStream
+// and the checkpoint bucket; workertest's is memory. A Backend serves one
+// worker instance and may be called from several handlers at once.
+type Backend interface {
+	// Emit stores an outcome Delivery.Emit built (its id, type, source,
+	// subject, time, causation and data are set): the runtime publishes it
+	// on the instance's outcome subject, deduplicated by its id.
+	Emit(ctx context.Context, outcome event.Event) error
+	// SaveStage records stage as how far the handler got with d's event,
+	// for a redelivery of the same event to resume from. An error wrapping
+	// ErrConflict says another process moved the key on meanwhile.
+	SaveStage(ctx context.Context, d *Delivery, stage json.RawMessage) error
+	// State is the worker instance's durable state.
+	State() *State
+}
+
+// NewDelivery returns the Delivery of event e, stored at sequence seq, for
+// a worker of spec acting through b. attempt counts deliveries (1 for the
+// first); stage is what an earlier delivery of the same event saved (nil:
+// none), which LoadStage returns. The Key is spec.OrderKey's (the event's
+// subject attribute by default) and Log discards until set.
+//
+// It is for running a handler outside the runtime, as workertest does; the
+// runtime makes its own. Validation is the caller's: a handler may rely on
+// the event having passed events.Validate and being of one of spec.Types.
+func NewDelivery(spec Spec, e event.Event, seq, attempt uint64, stage json.RawMessage, b Backend) *Delivery {
+	key := e.Subject()
+	if spec.OrderKey != nil {
+		key = spec.OrderKey(e)
+	}
+	noun := spec.OutcomeNoun
+	if noun == "" {
+		noun = spec.Name
+	}
+	d := &Delivery{
+		Event: e, Key: key, Sequence: seq, Attempt: max(attempt, 1), Log: zerolog.Nop(),
+		backend: b, name: spec.Name, instance: spec.Instance, noun: noun, now: time.Now,
+	}
+	if len(stage) > 0 {
+		d.cp = checkpoint{StageSeq: seq, Stage: append(json.RawMessage(nil), stage...)}
+	}
+	return d
 }
 
 // DataAs decodes the event's data into v. The schema has already refused
@@ -66,27 +120,24 @@ func (d *Delivery) LoadStage(v any) (bool, error) {
 // redelivery after a crash resumes there instead of starting over. The
 // write is a compare-and-swap on the checkpoint: if another process has
 // moved the key on meanwhile, SaveStage fails and the handler should stop.
+// A replay (Worker.Replay) saves nothing.
 func (d *Delivery) SaveStage(ctx context.Context, v any) error {
-	if d.replay {
-		return nil
-	}
 	raw, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("stage for %s: %w", d.Key, err)
 	}
-	next := d.cp
-	next.StageSeq, next.Stage = d.Sequence, raw
-	rev, err := d.w.putCheckpoint(ctx, d.lane, next, d.cpRev)
-	if err != nil {
+	if err := d.backend.SaveStage(ctx, d, raw); err != nil {
 		return fmt.Errorf("save stage for %s (event %s): %w", d.Key, d.Event.ID(), err)
 	}
-	d.cp, d.cpRev = next, rev
+	// Later LoadStage calls of this delivery see what it saved, as a
+	// redelivery would.
+	d.cp.StageSeq, d.cp.Stage = d.Sequence, raw
 	return nil
 }
 
 // State is the handler's durable state, shared by every process of this
 // worker instance (the installed version, the newest host floor, ...).
-func (d *Delivery) State() *State { return d.w.state }
+func (d *Delivery) State() *State { return d.backend.State() }
 
 // Emit publishes an outcome of this event: a CloudEvent of type
 // dev.steward.<Spec.OutcomeNoun>.<outcome>.v1 on steward.outcomes.<worker>.<instance>.
@@ -94,26 +145,73 @@ func (d *Delivery) State() *State { return d.w.state }
 // so a redelivery that emits it again is stored once. Never put a secret in
 // data.
 func (d *Delivery) Emit(ctx context.Context, outcome string, data any) error {
-	if err := events.CheckKey(outcome); err != nil {
-		return fmt.Errorf("outcome name: %w", err)
-	}
-	e := event.New()
-	e.SetID(d.w.consumerName() + "-" + strconv.FormatUint(d.Sequence, 10) + "-" + outcome)
-	e.SetType(events.OutcomeType(d.w.spec.OutcomeNoun, outcome))
-	e.SetSource("/steward/" + d.w.spec.Name + "/" + d.w.spec.Instance)
-	e.SetSubject(d.Key)
-	e.SetTime(d.w.now())
-	e.SetExtension("causationid", d.Event.ID())
-	if err := e.SetData(events.ContentTypeJSON, data); err != nil {
-		return fmt.Errorf("outcome %s for %s: %w", outcome, d.Key, err)
-	}
-	msg, err := events.Encode(d.w.outcomeSubject(), e)
+	e, err := d.outcome(outcome, data)
 	if err != nil {
 		return err
 	}
-	if _, err := d.w.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(events.StreamOutcomes)); err != nil {
+	if err := d.backend.Emit(ctx, e); err != nil {
 		return fmt.Errorf("emit %s for %s (event %s): %w", outcome, d.Key, d.Event.ID(), err)
 	}
 	d.Log.Info().Str("outcome", outcome).Msg("outcome emitted")
 	return nil
 }
+
+// outcome builds the outcome event, the same whatever the Backend, so ids
+// and types seen in a test are the ones the runtime publishes.
+func (d *Delivery) outcome(outcome string, data any) (event.Event, error) {
+	if err := events.CheckKey(outcome); err != nil {
+		return event.Event{}, fmt.Errorf("outcome name: %w", err)
+	}
+	e := event.New()
+	e.SetID(d.name + "-" + d.instance + "-" + strconv.FormatUint(d.Sequence, 10) + "-" + outcome)
+	e.SetType(events.OutcomeType(d.noun, outcome))
+	e.SetSource("/steward/" + d.name + "/" + d.instance)
+	e.SetSubject(d.Key)
+	e.SetTime(d.now())
+	e.SetExtension("causationid", d.Event.ID())
+	if err := e.SetData(events.ContentTypeJSON, data); err != nil {
+		return event.Event{}, fmt.Errorf("outcome %s for %s: %w", outcome, d.Key, err)
+	}
+	return e, nil
+}
+
+// runtimeBackend is the consumer's Backend: outcomes on JetStream, stages
+// in the key's checkpoint. It is the Worker itself under another method
+// set, so a delivery costs no allocation for it.
+type runtimeBackend Worker
+
+func (b *runtimeBackend) Emit(ctx context.Context, e event.Event) error {
+	w := (*Worker)(b)
+	msg, err := events.Encode(w.outcomeSubject(), e)
+	if err != nil {
+		return err
+	}
+	_, err = w.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(events.StreamOutcomes))
+	return err
+}
+
+func (b *runtimeBackend) SaveStage(ctx context.Context, d *Delivery, stage json.RawMessage) error {
+	next := d.cp
+	next.StageSeq, next.Stage = d.Sequence, stage
+	rev, err := (*Worker)(b).putCheckpoint(ctx, d.lane, next, d.cpRev)
+	if err != nil {
+		return err
+	}
+	d.cp, d.cpRev = next, rev
+	return nil
+}
+
+func (b *runtimeBackend) State() *State { return b.state }
+
+// replayBackend is Worker.Replay's: outcomes are published as the
+// consumer's are, but no stage is saved, since a replay runs outside the
+// consumer and must not move what the consumer resumes from.
+type replayBackend Worker
+
+func (b *replayBackend) Emit(ctx context.Context, e event.Event) error {
+	return (*runtimeBackend)(b).Emit(ctx, e)
+}
+
+func (b *replayBackend) SaveStage(context.Context, *Delivery, json.RawMessage) error { return nil }
+
+func (b *replayBackend) State() *State { return b.state }

@@ -60,7 +60,10 @@ func (w *Worker) Replay(ctx context.Context, from ReplayFrom, dryRun bool, fn fu
 		if !dryRun {
 			log := w.log.With().Str("key", res.Key).Str("event_id", res.ID).Str("type", res.Type).
 				Uint64("seq", res.Sequence).Bool("replay", true).Logger()
-			d := &Delivery{Event: e, Key: res.Key, Sequence: res.Sequence, Attempt: 1, Log: log, w: w, replay: true}
+			d := &Delivery{
+				Event: e, Key: res.Key, Sequence: res.Sequence, Attempt: 1, Log: log,
+				backend: (*replayBackend)(w), name: w.spec.Name, instance: w.spec.Instance, noun: w.spec.OutcomeNoun, now: w.o.now,
+			}
 			res.Err = w.call(ctx, d)
 		}
 		fn(res)

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -34,13 +36,24 @@ func casPut(ctx context.Context, kv jetstream.KeyValue, key string, value []byte
 	return next, err
 }
 
-// State is a worker instance's durable state in the checkpoint bucket:
-// small JSON documents by name, written with compare-and-swap so two
-// processes never overwrite each other blindly.
+// State is a worker instance's durable state: small JSON documents by
+// name, written with compare-and-swap so two processes never overwrite
+// each other blindly. The runtime's lives in the checkpoint bucket;
+// NewMemoryState's lives in memory, with the same revisions and conflicts,
+// for running a handler in a test.
 type State struct {
 	kv     jetstream.KeyValue
 	prefix string
+	// mem, when set, holds the documents instead of kv.
+	mem *memStore
 }
+
+// NewMemoryState returns an empty State kept in memory. It behaves as the
+// runtime's does: Get of a missing document is revision 0, every Put moves
+// a revision shared by all documents (as a KV bucket's does), and a Put
+// over a revision that is no longer current, or with 0 over a document
+// that exists, fails with ErrConflict.
+func NewMemoryState() *State { return &State{mem: &memStore{docs: map[string]memDoc{}}} }
 
 func (s *State) key(name string) (string, error) {
 	if err := events.CheckKey(name); err != nil {
@@ -56,17 +69,29 @@ func (s *State) Get(ctx context.Context, name string, v any) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	entry, err := s.kv.Get(ctx, k)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
+	var (
+		raw []byte
+		rev uint64
+	)
+	if s.mem != nil {
+		raw, rev = s.mem.get(k)
+	} else {
+		entry, err := s.kv.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return 0, nil
+		}
+		if err != nil {
+			return 0, fmt.Errorf("read state %s: %w", name, err)
+		}
+		raw, rev = entry.Value(), entry.Revision()
+	}
+	if rev == 0 {
 		return 0, nil
 	}
-	if err != nil {
-		return 0, fmt.Errorf("read state %s: %w", name, err)
-	}
-	if err := json.Unmarshal(entry.Value(), v); err != nil {
+	if err := json.Unmarshal(raw, v); err != nil {
 		return 0, fmt.Errorf("state %s is not readable: %w", name, err)
 	}
-	return entry.Revision(), nil
+	return rev, nil
 }
 
 // Put writes v as the document name if its revision is still rev (0: only
@@ -81,11 +106,80 @@ func (s *State) Put(ctx context.Context, name string, v any, rev uint64) (uint64
 	if err != nil {
 		return 0, fmt.Errorf("state %s: %w", name, err)
 	}
-	next, err := casPut(ctx, s.kv, k, raw, rev)
+	var next uint64
+	if s.mem != nil {
+		next, err = s.mem.put(k, raw, rev)
+	} else {
+		next, err = casPut(ctx, s.kv, k, raw, rev)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("write state %s: %w", name, err)
 	}
 	return next, nil
+}
+
+// Documents returns every document of the instance's state by name, as
+// stored (JSON), so a test can say what a handler wrote.
+func (s *State) Documents(ctx context.Context) (map[string]json.RawMessage, error) {
+	out := map[string]json.RawMessage{}
+	if s.mem != nil {
+		s.mem.mu.Lock()
+		defer s.mem.mu.Unlock()
+		for k, d := range s.mem.docs {
+			out[k] = append(json.RawMessage(nil), d.value...)
+		}
+		return out, nil
+	}
+	keys, err := s.kv.ListKeysFiltered(ctx, s.prefix+">")
+	if err != nil {
+		return nil, fmt.Errorf("list state: %w", err)
+	}
+	defer keys.Stop()
+	for k := range keys.Keys() {
+		entry, err := s.kv.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // deleted meanwhile
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read state %s: %w", k, err)
+		}
+		out[strings.TrimPrefix(k, s.prefix)] = entry.Value()
+	}
+	return out, nil
+}
+
+// memStore is NewMemoryState's store. Its revision counter is shared by all
+// documents, as a KV bucket's stream sequence is, so a revision read for one
+// document never happens to match another's.
+type memStore struct {
+	mu   sync.Mutex
+	rev  uint64
+	docs map[string]memDoc
+}
+
+type memDoc struct {
+	value []byte
+	rev   uint64
+}
+
+func (m *memStore) get(key string) ([]byte, uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	d := m.docs[key]
+	return d.value, d.rev
+}
+
+// put is casPut's rule in memory: over revision rev, or only if absent
+// when rev is 0.
+func (m *memStore) put(key string, value []byte, rev uint64) (uint64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if cur := m.docs[key]; cur.rev != rev {
+		return 0, fmt.Errorf("%s: %w", key, ErrConflict)
+	}
+	m.rev++
+	m.docs[key] = memDoc{value: append([]byte(nil), value...), rev: m.rev}
+	return m.rev, nil
 }
 
 func isNotFound(err error) bool { return errors.Is(err, jetstream.ErrKeyNotFound) }

@@ -13,7 +13,8 @@ import (
 )
 
 // kinds is every worker Steward has. `worker`, `replay` and `dev` are built
-// from it, so a new worker is one line here.
+// from it, so a new worker is one line here (workers.Package is the
+// contract its package meets).
 var kinds = []kind{
 	define("converge", (*converge.Config).AddFlags, converge.New, converge.Dev),
 	define("join", (*join.Config).AddFlags, join.New, join.Dev),
@@ -22,11 +23,7 @@ var kinds = []kind{
 }
 
 // handler is what every worker package's *Worker is.
-type handler interface {
-	workers.Handler
-	Spec() workers.Spec
-	Close() error
-}
+type handler = workers.Service
 
 // kind is one worker package behind a shape that does not depend on its
 // Config type.
@@ -40,33 +37,14 @@ type kind struct {
 	dev func(ctx context.Context, dir string) (handler, []string, error)
 }
 
+// define registers a worker package by its four parts; the type parameters
+// are inferred, so the line in kinds names no types.
 func define[C any, W handler](
 	name string,
 	addFlags func(*C, *pflag.FlagSet),
 	newWorker func(C) (W, error),
 	dev func(context.Context, string) (C, []string, error),
 ) kind {
-	build := func(cfg C) (handler, error) {
-		w, err := newWorker(cfg)
-		if err != nil {
-			return nil, err
-		}
-		return w, nil
-	}
-	return kind{
-		name: name,
-		bind: func(fs *pflag.FlagSet) func() (handler, error) {
-			cfg := new(C)
-			addFlags(cfg, fs)
-			return func() (handler, error) { return build(*cfg) }
-		},
-		dev: func(ctx context.Context, dir string) (handler, []string, error) {
-			cfg, lines, err := dev(ctx, dir)
-			if err != nil {
-				return nil, nil, err
-			}
-			w, err := build(cfg)
-			return w, lines, err
-		},
-	}
+	p := workers.Package[C, W]{Name: name, AddFlags: addFlags, New: newWorker, Dev: dev}
+	return kind{name: p.Name, bind: p.Bind, dev: p.DevService}
 }

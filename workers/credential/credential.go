@@ -237,12 +237,7 @@ func (w *Worker) Handle(ctx context.Context, d *workers.Delivery) error {
 	if err := d.DataAs(&data); err != nil {
 		return err
 	}
-	var st stage
-	if _, err := d.LoadStage(&st); err != nil {
-		return err
-	}
-	save := func(folder string) error { return d.SaveStage(ctx, stage{Folder: folder}) }
-	res := w.rotate(data, d.Event.ID(), st.Folder, save, d.Log)
+	res := w.apply(ctx, d, data)
 	if res.outcome == OutcomeApplied && w.onChange != "" {
 		// After rotate, so the folder lock is not held while the command
 		// runs: the pair is in place whatever the command does.
@@ -261,12 +256,12 @@ func (w *Worker) Handle(ctx context.Context, d *workers.Delivery) error {
 	return res.err
 }
 
-// rotate is the handler's decision and its effect on the files, apart from
-// the bus: savedFolder is the stage an earlier delivery saved, save records
-// the new folder before the swap.
-func (w *Worker) rotate(data events.CredentialRotated, eventID, savedFolder string, save func(folder string) error, log zerolog.Logger) result {
-	log = log.With().Str("hive", data.Hive).Uint64("version", data.Version).Logger()
-	where := fmt.Sprintf("hive %s, event %s", data.Hive, eventID)
+// apply is the handler's decision and its effect on the files: the
+// outcome is left to Handle, so that --on-change runs between the two. The
+// stage an earlier delivery saved names the folder it swapped in.
+func (w *Worker) apply(ctx context.Context, d *workers.Delivery, data events.CredentialRotated) result {
+	log := d.Log.With().Str("hive", data.Hive).Uint64("version", data.Version).Logger()
+	where := fmt.Sprintf("hive %s, event %s", data.Hive, d.Event.ID())
 	refuse := func(reason string) result {
 		log.Warn().Str("reason", reason).Msg("credential rotation refused")
 		return result{
@@ -280,6 +275,12 @@ func (w *Worker) rotate(data events.CredentialRotated, eventID, savedFolder stri
 		log.Error().Str("error", err.Error()).Msg("credential rotation failed; it is retried")
 		return result{err: err}
 	}
+
+	var saved stage
+	if _, err := d.LoadStage(&saved); err != nil {
+		return retry(err)
+	}
+	savedFolder := saved.Folder
 
 	if data.Hive != w.hive {
 		return refuse(fmt.Sprintf("version %d is for hive %q, but this worker serves hive %q; nothing was written", data.Version, data.Hive, w.hive))
@@ -340,7 +341,7 @@ func (w *Worker) rotate(data events.CredentialRotated, eventID, savedFolder stri
 	if err != nil {
 		return retry(err)
 	}
-	if err := save(folder); err != nil {
+	if err := d.SaveStage(ctx, stage{Folder: folder}); err != nil {
 		fo.root.RemoveAll(folder)
 		return retry(err)
 	}

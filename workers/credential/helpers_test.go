@@ -352,14 +352,7 @@ func (h *hive) assertNoSecret(errs ...error) {
 
 func outcomeData[T any](t *testing.T, e event.Event, wantType string) T {
 	t.Helper()
-	if e.Type() != wantType {
-		t.Fatalf("outcome type %s, want %s", e.Type(), wantType)
-	}
-	var v T
-	if err := e.DataAs(&v); err != nil {
-		t.Fatal(err)
-	}
-	return v
+	return workertest.DataAs[T](t, e, wantType)
 }
 
 const (

@@ -1,6 +1,8 @@
 package credential
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -8,12 +10,24 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/rs/zerolog"
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/agekey"
 	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/workertest"
 )
+
+// rotationEvent is data as the publisher would put it on the bus.
+func rotationEvent(t testing.TB, data events.CredentialRotated) event.Event {
+	t.Helper()
+	e, err := events.New(events.TypeCredentialRotated, data.Hive, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
 
 func newTestWorker(t testing.TB) (*Worker, string) {
 	t.Helper()
@@ -33,7 +47,54 @@ func newTestWorker(t testing.TB) (*Worker, string) {
 	return w, recipient
 }
 
+// noSave accepts every stage.
 func noSave(string) error { return nil }
+
+// rotate runs one rotation through the handler's apply on a Delivery in
+// memory (workers.NewDelivery), with no runtime in front: inputs the schema
+// stops first still reach the handler's own checks. savedFolder is the
+// stage an earlier delivery saved; save sees (and may fail) each stage the
+// rotation saves. Tests that can go through the runtime's rules use
+// workertest.Runner instead.
+func (w *Worker) rotate(data events.CredentialRotated, eventID, savedFolder string, save func(string) error, log zerolog.Logger) result {
+	raw, err := json.Marshal(data)
+	if err != nil {
+		panic(err)
+	}
+	e := event.New()
+	e.SetID(eventID)
+	e.SetSource("/test")
+	e.SetType(events.TypeCredentialRotated)
+	e.SetSubject(data.Hive)
+	if err := e.SetData(events.ContentTypeJSON, raw); err != nil {
+		panic(err)
+	}
+	var st json.RawMessage
+	if savedFolder != "" {
+		st, _ = json.Marshal(stage{Folder: savedFolder})
+	}
+	d := workers.NewDelivery(w.Spec(), e, 1, 1, st, stageSaver{save: save, state: workers.NewMemoryState()})
+	d.Log = log
+	return w.apply(context.Background(), d, data)
+}
+
+// stageSaver is a workers.Backend that hands stages to a test's function.
+type stageSaver struct {
+	save  func(string) error
+	state *workers.State
+}
+
+func (s stageSaver) Emit(context.Context, event.Event) error { return nil }
+
+func (s stageSaver) SaveStage(_ context.Context, _ *workers.Delivery, raw json.RawMessage) error {
+	var st stage
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return err
+	}
+	return s.save(st.Folder)
+}
+
+func (s stageSaver) State() *workers.State { return s.state }
 
 // openAt opens the credential folder as a rotation does, for a test.
 func openAt(t testing.TB, dir string) *folder {
@@ -196,9 +257,13 @@ func TestResumeAfterCrash(t *testing.T) {
 		t.Fatalf("setup: stable link exists: %v", err)
 	}
 	fo.close()
-	r := w.rotate(data, "ev-1", folder, noSave, log)
-	if r.outcome != OutcomeApplied || r.err != nil {
-		t.Fatalf("resume: %s %v", r.outcome, r.err)
+	resumed := workertest.Work(t, w.Spec(), w, rotationEvent(t, data), workertest.Redelivered(stage{Folder: folder}))
+	resumed.AssertVerdicts(workertest.Applied)
+	resumed.AssertOutcomes(OutcomeApplied)
+	// Resuming swaps nothing, so it saves no stage of its own.
+	resumed.AssertStages()
+	if a := workertest.OutcomeAs[Applied](resumed, OutcomeApplied); a.Version != 1 || a.ClientID != "client-1" {
+		t.Fatalf("resume applied %+v", a)
 	}
 	if c, err := os.ReadFile(filepath.Join(w.dir, ClientIDFile)); err != nil || string(c) != "client-1" {
 		t.Fatalf("stable client_id after resume: %q %v", c, err)
@@ -207,7 +272,7 @@ func TestResumeAfterCrash(t *testing.T) {
 	// Without a stage (another event of the same version) it is skipped,
 	// and missing links are put back all the same.
 	os.Remove(filepath.Join(w.dir, SecretFile))
-	r = w.rotate(data, "ev-dup", "", noSave, log)
+	r := w.rotate(data, "ev-dup", "", noSave, log)
 	if r.outcome != OutcomeSkipped || !workers.IsRefused(r.err) || r.data.(Skipped).Applied != 1 {
 		t.Fatalf("duplicate version: %s %+v %v", r.outcome, r.data, r.err)
 	}
@@ -233,10 +298,11 @@ func TestResumeAfterCrash(t *testing.T) {
 	// The stage cannot be saved: nothing is swapped, no folder is left,
 	// and the event is retried.
 	before := state(t, w.dir)
-	r = w.rotate(rotation(t, recipient, 3, "client-3", "s3cr3t-3"), "ev-3", "", func(string) error { return errors.New("KV is down") }, log)
-	if r.err == nil || workers.IsPermanent(r.err) || r.outcome != "" {
-		t.Fatalf("failed stage: %s %v; want a plain error and no outcome", r.outcome, r.err)
-	}
+	failed := workertest.Work(t, w.Spec(), w, rotationEvent(t, rotation(t, recipient, 3, "client-3", "s3cr3t-3")),
+		workertest.SaveStageFails(errors.New("KV is down")))
+	failed.AssertVerdicts(workertest.Retried)
+	failed.AssertOutcomes()
+	failed.AssertStages()
 	if got := state(t, w.dir); got != before {
 		t.Fatalf("a failed stage changed the files:\n%s\n%s", before, got)
 	}

@@ -281,55 +281,44 @@ func (r *refusal) Error() string {
 	return msg
 }
 
-// Handle reconciles the server with one grant.changed event.
+// Handle reconciles the server with one grant.changed event and reports
+// it: grant.applied, grant.skipped (a generation not above the applied
+// one), or grant.refused, returned as workers.Refused so the runtime
+// settles it. Any other error is retried.
 func (w *Worker) Handle(ctx context.Context, d *workers.Delivery) error {
 	var g events.GrantChanged
 	if err := d.DataAs(&g); err != nil {
 		return err
 	}
-	err := w.handleGrant(ctx, g, func(outcome string, data any) error {
-		switch o := data.(type) {
-		case Applied:
-			d.Log.Info().Uint64("generation", o.Generation).
-				Int("created", len(o.Created.Roles)+len(o.Created.Databases)).Int("altered", len(o.Altered.Roles)).
-				Int("revoked", len(o.Revoked.Roles)).Int("unchanged", len(o.Unchanged.Roles)).
-				Int("normalised", len(o.Normalised)).Int("sessions_ended", o.SessionsEnded).
-				Int("blocking_sessions_ended", o.BlockingSessionsEnded).Msg("grant applied")
-		case Skipped:
-			d.Log.Info().Uint64("generation", o.Generation).Uint64("applied_generation", o.Applied).Msg("grant not above the applied generation; skipped")
-		}
-		return d.Emit(ctx, outcome, data)
-	})
-	if err != nil {
-		err = fmt.Errorf("grant for %s (event %s): %w", d.Key, d.Event.ID(), err)
-		var r *refusal
-		if errors.As(err, &r) {
-			// The grant.refused outcome is out: the runtime settles the
-			// event, and a redelivery would only be refused again.
-			return workers.Refused(err)
-		}
-	}
-	return err
-}
-
-// handleGrant is Handle without the delivery, so it can be driven with
-// inputs the runtime would stop first.
-func (w *Worker) handleGrant(ctx context.Context, g events.GrantChanged, emit func(outcome string, data any) error) error {
 	res, err := w.reconcile(ctx, g)
 	var r *refusal
 	switch {
 	case errors.As(err, &r):
-		if eerr := emit(OutcomeRefused, r.Refused); eerr != nil {
-			return eerr
+		if eerr := d.Emit(ctx, OutcomeRefused, r.Refused); eerr != nil {
+			err = eerr
+			break
 		}
-		return r
+		// The grant.refused outcome is out: the runtime settles the
+		// event, and a redelivery would only be refused again.
+		return workers.Refused(fmt.Errorf("grant for %s (event %s): %w", d.Key, d.Event.ID(), r))
 	case err != nil:
-		return err
 	case res.skipped != nil:
-		return emit(OutcomeSkipped, *res.skipped)
+		o := *res.skipped
+		d.Log.Info().Uint64("generation", o.Generation).Uint64("applied_generation", o.Applied).Msg("grant not above the applied generation; skipped")
+		err = d.Emit(ctx, OutcomeSkipped, o)
 	default:
-		return emit(OutcomeApplied, *res.applied)
+		o := *res.applied
+		d.Log.Info().Uint64("generation", o.Generation).
+			Int("created", len(o.Created.Roles)+len(o.Created.Databases)).Int("altered", len(o.Altered.Roles)).
+			Int("revoked", len(o.Revoked.Roles)).Int("unchanged", len(o.Unchanged.Roles)).
+			Int("normalised", len(o.Normalised)).Int("sessions_ended", o.SessionsEnded).
+			Int("blocking_sessions_ended", o.BlockingSessionsEnded).Msg("grant applied")
+		err = d.Emit(ctx, OutcomeApplied, o)
 	}
+	if err != nil {
+		return fmt.Errorf("grant for %s (event %s): %w", d.Key, d.Event.ID(), err)
+	}
+	return nil
 }
 
 // checkGrant refuses what concerns the grant as a whole.

@@ -1,7 +1,27 @@
-// Package workertest runs Steward workers against a real embedded NATS
-// server in tests: start a JetStream server in a temporary folder, publish
-// events (or a recorded stream from a JSONL file), run a handler, wait
-// until its consumer is idle, and inspect the outcomes and dead letters.
+// Package workertest runs Steward handlers in tests, with or without a
+// server.
+//
+// In memory, with no server: Work runs one event through a handler and
+// returns a Result, what the run did (each event's Verdict, the outcomes
+// emitted, dead letters, stages saved, state written, errors), in the
+// style of rivertest's Worker.Work and httptest's ResponseRecorder. The
+// runtime's rules apply: nil is Applied, workers.Refused is Refused,
+// workers.Permanent is DeadLettered with its reason, a plain error is
+// Retried, a panic is caught, and under a latest-wins Spec the older
+// events of a stream queued together are Superseded. Runner keeps state
+// between events and documents exactly what it models and what it does
+// not (crashes, redelivery, backoff).
+//
+// Recorded streams: `steward export` writes JSONL; ReplayFile takes the
+// test's testing.TB and that file, replays it through a handler (in memory,
+// or on an embedded server with WithRuntime), and the Result's Assert
+// methods, OutcomeAs and StateAs check what happened. The credential
+// worker's Example_replayRecordedStream shows a platform team doing it.
+//
+// On a real embedded server: StartServer (or StartCluster) starts
+// JetStream in a temporary folder; Publish, PublishData and PublishFile
+// publish; Start runs the real runtime; WaitIdle waits until its consumer
+// has settled everything; Outcomes and DeadLetters read what it did.
 package workertest
 
 import (

@@ -1,0 +1,156 @@
+/*
+Package workers is the runtime every Steward worker shares. A worker is a
+Handler that makes the world match one event, and a Spec that says what it
+consumes; the runtime does the rest: it consumes, orders, retries,
+supersedes, checkpoints, dead-letters and reports.
+
+Every event is desired state for one key, and the runtime converges like a
+Kubernetes controller: the newest desired state of every key is applied,
+whatever failed or restarted in between, and nobody has to redrive it.
+
+# What a handler's result means
+
+  - nil: the event is applied. The key's checkpoint moves to it, then the
+    ack is confirmed (DoubleAck).
+  - Refused(err): a policy refusal (a downgrade, a bad signature, a stale
+    version). The handler has emitted its refused outcome; the event is
+    settled like an applied one, counted as refused, never dead-lettered.
+  - Permanent(err): the event cannot be processed at all. It goes to the
+    dead-letter stream with err as the reason, on the first delivery.
+  - any other error: retried, in this process and without a redelivery,
+    with capped exponential backoff and jitter (DefaultBackoff: up to
+    DefaultMaxBackoff) for as long as it fails, until it applies or a
+    newer verified event of its key supersedes it. The message stays held
+    and heartbeated meanwhile, so no delivery count runs out.
+  - a panic: caught and retried like an error, at most WithMaxPanics times,
+    then dead-lettered with the panic as the reason.
+
+An event that fails validation (an unknown type, missing attributes, data
+its JSON Schema refuses, a subject that does not name its key) never
+reaches the handler: it is dead-lettered at once.
+
+# Order and latest wins
+
+Events of one key run one at a time in stream order; keys run in parallel
+up to WithConcurrency. Under a latest-wins Spec (Spec.Rank set), an event
+not yet applied is superseded by a newer one of its key queued behind it:
+"newer" is the worker's own order (a generation, a version, a signed time)
+read from an event that passed the worker's verification, so an event that
+fails verification supersedes nothing. A superseded event is settled with a
+superseded outcome (OutcomeSuperseded), never applied after the newer one.
+
+# Progress, state and replays
+
+A KV checkpoint per key holds the last settled stream sequence and the
+stage a handler saved (Delivery.SaveStage), so a redelivery resumes
+(Delivery.LoadStage) and a late, older event is skipped. A handler's own
+durable documents (the installed version, the newest host floor) live in
+its State, written with compare-and-swap. An event delivered more than
+WithMaxDeliver times without ever settling (a crash loop) is
+dead-lettered. SIGTERM stops pulling, lets handlers finish within the
+shutdown grace and naks the rest for immediate redelivery. Worker.Replay
+runs stored events through the handler again, outside the consumer.
+
+The keys being retried and the keys waiting behind an earlier event are
+published in a status document (StatusKey) and as metrics; error text is
+never a metric label.
+
+# Writing a worker
+
+A worker package (converge, join, credential and provision are the four
+Steward ships) has a Config with AddFlags, a New that checks it and returns
+a Service (the Handler with its Spec and Close), and a Dev that prepares a
+development instance; Package names the four, and one line of
+cmd/steward/kinds.go registers it, which gives it `steward worker`,
+`steward replay` and a place in `steward dev`.
+
+A handler only ever sees its Delivery: the event, its key, its attempt, and
+through it the means to emit outcomes, save a stage and read and write
+state. Those go through a Backend, which in production is JetStream and in
+tests is memory: package workertest runs one event, or a recorded stream
+that `steward export` wrote, through a handler with no server and returns
+what it did (outcomes, dead letters, stages, state), with the same result
+rules as the runtime. Example_customWorker is the tutorial: it writes a
+fifth worker, tests it with workertest and registers it.
+
+Outcomes are CloudEvents of type dev.steward.<noun>.<outcome>.v1 on
+steward.outcomes.<worker>.<instance> (events.OutcomeType and
+events.OutcomeSubject), with ids derived from the worker, the event's
+sequence and the outcome, so a redelivery that emits again is stored once.
+Never put a secret in an outcome, a log line or an error.
+*/
+package workers
+
+import (
+	"context"
+
+	"github.com/spf13/pflag"
+)
+
+// Service is a worker as `steward worker` runs it: the Handler, the Spec it
+// consumes, and Close for whatever it holds between events (a connection
+// pool). A worker package's New returns one.
+type Service interface {
+	Handler
+	Spec() Spec
+	Close() error
+}
+
+// Package is the contract a worker package meets to be a `steward worker`:
+// its name, how its Config is read from flags (each flag has the
+// STEWARD_<FLAG> environment twin), how a Service is made from a Config,
+// and how `steward dev` prepares a development instance. A worker package
+// need not export a Package value; cmd/steward/kinds.go builds one from the
+// four functions.
+type Package[C any, W Service] struct {
+	// Name is the worker's name: `steward worker <Name>`, Spec.Name.
+	Name string
+	// AddFlags registers the Config's flags on fs, with their defaults.
+	AddFlags func(cfg *C, fs *pflag.FlagSet)
+	// New checks a Config and returns the worker, failing at start
+	// rather than on every event for what no event can fix (a key it
+	// cannot read).
+	New func(cfg C) (W, error)
+	// Dev makes a development instance's keys and fixtures under dir and
+	// returns its Config and the lines that tell a newcomer how to feed
+	// it (a `steward publish` command). Nil: the worker has no dev mode.
+	Dev func(ctx context.Context, dir string) (C, []string, error)
+}
+
+// Bind registers the Package's flags on fs and returns what builds the
+// worker from them once fs is parsed.
+func (p Package[C, W]) Bind(fs *pflag.FlagSet) func() (Service, error) {
+	cfg := new(C)
+	p.AddFlags(cfg, fs)
+	return func() (Service, error) { return p.build(*cfg) }
+}
+
+// DevService builds the development instance whose keys and fixtures live
+// under dir, with the lines telling a newcomer how to feed it.
+func (p Package[C, W]) DevService(ctx context.Context, dir string) (Service, []string, error) {
+	if p.Dev == nil {
+		return nil, nil, errDevUnsupported(p.Name)
+	}
+	cfg, lines, err := p.Dev(ctx, dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	s, err := p.build(cfg)
+	return s, lines, err
+}
+
+// build returns New's worker as a Service, and a nil interface (not a nil
+// W inside one) when New fails.
+func (p Package[C, W]) build(cfg C) (Service, error) {
+	w, err := p.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+type errDevUnsupported string
+
+func (e errDevUnsupported) Error() string {
+	return "worker " + string(e) + " has no development mode"
+}
