@@ -5,12 +5,16 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/cloudevents/sdk-go/v2/binding"
 	"github.com/cloudevents/sdk-go/v2/event"
@@ -71,28 +75,32 @@ type IngressResponse struct {
 // ServeHTTP implements http.Handler.
 func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path != IngressPath {
-		in.reply(w, r, http.StatusNotFound, IngressResponse{Error: fmt.Sprintf("no such path %q: events are posted to %s", r.URL.Path, IngressPath)})
+		in.refuse(w, r, http.StatusNotFound, IngressResponse{Error: fmt.Sprintf("no such path %q: events are posted to %s", r.URL.Path, IngressPath)})
 		return
 	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		in.reply(w, r, http.StatusMethodNotAllowed, IngressResponse{Error: fmt.Sprintf("method %s is not allowed: events are sent with POST", r.Method)})
+		in.refuse(w, r, http.StatusMethodNotAllowed, IngressResponse{Error: fmt.Sprintf("method %s is not allowed: events are sent with POST", r.Method)})
 		return
 	}
 	if challenge, reason := in.authorize(r); challenge != "" {
+		// The body of a caller without the token is never read, and its
+		// connection is closed after the answer: holding it open (or
+		// trickling a body into it) costs an unauthenticated client
+		// nothing and the ingress a file descriptor.
 		w.Header().Set("WWW-Authenticate", challenge)
-		in.reply(w, r, http.StatusUnauthorized, IngressResponse{Error: reason})
+		in.refuse(w, r, http.StatusUnauthorized, IngressResponse{Error: reason})
 		return
 	}
 	if r.ContentLength > in.maxBody {
-		in.reply(w, r, http.StatusRequestEntityTooLarge, IngressResponse{Error: fmt.Sprintf("the body is %d bytes, over the limit of %d", r.ContentLength, in.maxBody)})
+		in.refuse(w, r, http.StatusRequestEntityTooLarge, IngressResponse{Error: fmt.Sprintf("the body is %d bytes, over the limit of %d", r.ContentLength, in.maxBody)})
 		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, in.maxBody))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			in.reply(w, r, http.StatusRequestEntityTooLarge, IngressResponse{Error: fmt.Sprintf("the body is over the limit of %d bytes", in.maxBody)})
+			in.refuse(w, r, http.StatusRequestEntityTooLarge, IngressResponse{Error: fmt.Sprintf("the body is over the limit of %d bytes", in.maxBody)})
 			return
 		}
 		in.reply(w, r, http.StatusBadRequest, IngressResponse{Error: "the body could not be read: " + err.Error()})
@@ -187,6 +195,18 @@ func describe(n, i int, err error) string {
 	return fmt.Sprintf("event %d of %d in the batch (counting from 0): %v", i, n, err)
 }
 
+// refuse answers a request whose body is not read (no token, too large,
+// wrong path or method) and closes its connection. Connection: close alone
+// is not enough: after the handler, net/http still reads up to 256 KiB of
+// an unread body so it can reuse the connection, and a client that
+// announces a body and never sends it would hold the connection for as
+// long as it likes. A read deadline in the past ends that read at once.
+func (in *Ingress) refuse(w http.ResponseWriter, r *http.Request, status int, body IngressResponse) {
+	w.Header().Set("Connection", "close")
+	in.reply(w, r, status, body)
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+}
+
 func (in *Ingress) reply(w http.ResponseWriter, r *http.Request, status int, body IngressResponse) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
@@ -196,4 +216,192 @@ func (in *Ingress) reply(w http.ResponseWriter, r *http.Request, status int, bod
 		ev = in.log.Warn().Str("error", body.Error)
 	}
 	ev.Str("method", r.Method).Str("path", r.URL.Path).Int("status", status).Int("events", len(body.Events)).Msg("ingress request")
+}
+
+// ServerConfig bounds what a client of the ingress may hold: every phase of
+// a request has a deadline, idle keep-alive connections are closed, and the
+// connections open at once are capped, so clients that hold connections
+// open (slow headers, slow bodies, idle keep-alives) cannot run the
+// process out of file descriptors and lock every console out. The zero
+// value of a field means its default (DefaultServerConfig).
+type ServerConfig struct {
+	// ReadHeaderTimeout bounds reading a request's headers (and the TLS
+	// handshake); ReadTimeout the whole request, body included.
+	ReadHeaderTimeout time.Duration
+	ReadTimeout       time.Duration
+	// WriteTimeout bounds handling and answering a request, from the end
+	// of its headers; it must cover a publish to NATS.
+	WriteTimeout time.Duration
+	// IdleTimeout closes a keep-alive connection with no request.
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds a request's headers.
+	MaxHeaderBytes int
+	// MaxConns caps the connections open at once. When they are all
+	// taken, idle ones are closed to make room, and a connection that
+	// still finds none is closed at once rather than queued.
+	MaxConns int
+	// CertFile and KeyFile, both or neither, serve HTTPS (TLS 1.2 or
+	// later) with that PEM certificate chain and private key.
+	CertFile, KeyFile string
+}
+
+// DefaultServerConfig is what the ingress runs with unless told otherwise.
+func DefaultServerConfig() ServerConfig {
+	return ServerConfig{
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		MaxConns:          256,
+	}
+}
+
+func (c ServerConfig) withDefaults() ServerConfig {
+	d := DefaultServerConfig()
+	if c.ReadHeaderTimeout <= 0 {
+		c.ReadHeaderTimeout = d.ReadHeaderTimeout
+	}
+	if c.ReadTimeout <= 0 {
+		c.ReadTimeout = d.ReadTimeout
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = d.WriteTimeout
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = d.IdleTimeout
+	}
+	if c.MaxHeaderBytes <= 0 {
+		c.MaxHeaderBytes = d.MaxHeaderBytes
+	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = d.MaxConns
+	}
+	return c
+}
+
+// Server is an HTTP server hardened for the ingress (ServerConfig).
+type Server struct {
+	srv *http.Server
+	ln  net.Listener
+	tls bool
+}
+
+// NewServer listens on addr and returns the server that will serve h
+// there. Listening happens now, so a busy port or an unreadable
+// certificate is an error at start rather than a log line later.
+func NewServer(addr string, h http.Handler, cfg ServerConfig) (*Server, error) {
+	cfg = cfg.withDefaults()
+	if (cfg.CertFile == "") != (cfg.KeyFile == "") {
+		return nil, errors.New("TLS needs both a certificate and a key: give --tls-cert and --tls-key together, or neither for plain HTTP")
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadTimeout:       cfg.ReadTimeout,
+		WriteTimeout:      cfg.WriteTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
+	}
+	if cfg.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("load the TLS certificate %s and key %s: %w", cfg.CertFile, cfg.KeyFile, err)
+		}
+		srv.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}}
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	lim := &limitListener{Listener: ln, slots: make(chan struct{}, cfg.MaxConns)}
+	// Closing idle connections is what frees a slot when all are taken:
+	// turning keep-alives off closes them (and connections that sent no
+	// request within 5s), and they are turned on again at once.
+	lim.reclaim = func() { srv.SetKeepAlivesEnabled(false); srv.SetKeepAlivesEnabled(true) }
+	var l net.Listener = lim
+	if srv.TLSConfig != nil {
+		l = tls.NewListener(lim, srv.TLSConfig)
+	}
+	return &Server{srv: srv, ln: l, tls: srv.TLSConfig != nil}, nil
+}
+
+// Addr is the address the server listens on.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// URL is the server's base URL (https when it serves TLS).
+func (s *Server) URL() string {
+	if s.tls {
+		return "https://" + s.Addr()
+	}
+	return "http://" + s.Addr()
+}
+
+// Serve serves until Shutdown; it returns nil after a shutdown.
+func (s *Server) Serve() error {
+	if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// Shutdown stops accepting, lets requests in flight finish until ctx ends,
+// and closes every connection.
+func (s *Server) Shutdown(ctx context.Context) error {
+	err := s.srv.Shutdown(ctx)
+	if err != nil {
+		_ = s.srv.Close()
+	}
+	return err
+}
+
+// limitListener caps the connections open at once. Over the cap it first
+// asks the server to close idle connections, waits briefly for a slot,
+// and otherwise closes the new connection at once: a client refused fast
+// retries, a queued one would only hold a descriptor longer.
+type limitListener struct {
+	net.Listener
+	slots   chan struct{}
+	reclaim func()
+}
+
+// slotWait is how long a connection over the cap waits for a slot.
+const slotWait = 500 * time.Millisecond
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case l.slots <- struct{}{}:
+			return &limitedConn{Conn: c, release: l.release}, nil
+		default:
+		}
+		l.reclaim()
+		t := time.NewTimer(slotWait)
+		select {
+		case l.slots <- struct{}{}:
+			t.Stop()
+			return &limitedConn{Conn: c, release: l.release}, nil
+		case <-t.C:
+			_ = c.Close()
+		}
+	}
+}
+
+func (l *limitListener) release() { <-l.slots }
+
+// limitedConn gives its slot back once, when it is closed.
+type limitedConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *limitedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
 }

@@ -1,16 +1,33 @@
 package publisher_test
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
+	"errors"
 	"io"
+	"math/big"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/publisher"
@@ -179,7 +196,7 @@ func TestIngressRefusesBadEvents(t *testing.T) {
 		{"not a CloudEvent", withAuth(map[string]string{"Content-Type": "application/json"}), `{"version":"1.0.0"}`, []string{"ce-specversion"}},
 		{"unknown type", binaryHeaders("dev.steward.nothing.v1", "u-1", "x"), `{"version":"1.0.0"}`, []string{"dev.steward.nothing.v1", "not a Steward event type"}},
 		{"schema: unknown field", binaryHeaders(events.TypeReleasePublished, "s-1", "1.0.0"), `{"version":"1.0.0","image":"evil"}`, []string{"image"}},
-		{"schema: bad version", binaryHeaders(events.TypeReleasePublished, "s-2", "1.0"), `{"version":"1.0"}`, []string{"/version", "1.0"}},
+		{"schema: bad version", binaryHeaders(events.TypeReleasePublished, "s-2", "1.0"), `{"version":"1.0"}`, []string{"/version", "pattern"}},
 		{"schema: wrong type", binaryHeaders(events.TypeCredentialRotated, "s-3", "h1"), `{"hive":"h1","version":"one","clientId":"c","secret":"x"}`, []string{"/version"}},
 		{"key with a wildcard", binaryHeaders(events.TypeCredentialRotated, "k-1", "h.*"), `{"hive":"h.*","version":1,"clientId":"c","secret":"x"}`, []string{"hive"}},
 		{"subject differs from the data's key", binaryHeaders(events.TypeReleasePublished, "k-2", "9.9.9"), `{"version":"1.0.0"}`, []string{"subject", "9.9.9"}},
@@ -349,5 +366,215 @@ func TestIngressNATSDown(t *testing.T) {
 func TestIngressNeedsToken(t *testing.T) {
 	if _, err := publisher.NewIngress(nil, publisher.IngressConfig{Token: "  "}); err == nil || !strings.Contains(err.Error(), "token") {
 		t.Fatalf("err %v", err)
+	}
+}
+
+// rawRequest is a request as an attacker writes it on a raw connection.
+func rawRequest(extra string, contentLength int) string {
+	return "POST " + publisher.IngressPath + " HTTP/1.1\r\nHost: ingress\r\nContent-Type: application/json\r\nCe-Specversion: 1.0\r\n" +
+		extra + "Content-Length: " + strconv.Itoa(contentLength) + "\r\n\r\n"
+}
+
+// closedByServer reports whether the server has closed c (a read ends in
+// EOF or a reset) within the deadline, draining whatever it answered.
+func closedByServer(c net.Conn, within time.Duration) bool {
+	_ = c.SetReadDeadline(time.Now().Add(within))
+	_, err := io.Copy(io.Discard, c)
+	var ne net.Error
+	return !(errors.As(err, &ne) && ne.Timeout())
+}
+
+// TestIngress401DoesNotReadTheBody is finding 12.7 on one connection: a
+// client without the token announces a body and never sends it. Today the
+// ingress answers 401 and then keeps the connection to read (and discard)
+// the body, so the client holds it for free for as long as it likes. The
+// 401 must say Connection: close and the server must close at once.
+func TestIngress401DoesNotReadTheBody(t *testing.T) {
+	env := startIngress(t, 0)
+	c, err := net.Dial("tcp", strings.TrimPrefix(strings.TrimSuffix(env.url, publisher.IngressPath), "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, rawRequest("", 1000)); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(workertest.DefaultTimeout))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized || !resp.Close {
+		t.Fatalf("status %d, Connection: close %v", resp.StatusCode, resp.Close)
+	}
+	if !closedByServer(c, 5*time.Second) {
+		t.Fatal("the server kept the unauthenticated connection open, waiting for its body")
+	}
+}
+
+// hardened runs the ingress in a publisher.Server with short limits.
+func hardened(t *testing.T, cfg publisher.ServerConfig) (jetstream.JetStream, *publisher.Server) {
+	t.Helper()
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	in, err := publisher.NewIngress(publisher.New(js), publisher.IngressConfig{Token: testToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs, err := publisher.NewServer("127.0.0.1:0", in, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- hs.Serve() }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(ctx)
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return js, hs
+}
+
+// TestIngressHeldConnectionsDoNotLockOut is finding 12.7 as the attack:
+// unauthenticated clients open many connections and hold them (headers
+// never finished, a body trickled, an idle keep-alive after a request),
+// three times the connection limit. A console must still get its event
+// stored, and every held connection must be closed by the server.
+func TestIngressHeldConnectionsDoNotLockOut(t *testing.T) {
+	const limit = 6
+	_, hs := hardened(t, publisher.ServerConfig{
+		ReadHeaderTimeout: 300 * time.Millisecond, ReadTimeout: 600 * time.Millisecond,
+		WriteTimeout: 5 * time.Second, IdleTimeout: 300 * time.Millisecond, MaxConns: limit,
+	})
+	addr := hs.Addr()
+	var held []net.Conn
+	t.Cleanup(func() {
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	hold := func(first string) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+		_, _ = io.WriteString(c, first)
+	}
+	auth := "Authorization: Bearer " + testToken + "\r\n"
+	for range limit {
+		// Headers begun and never finished.
+		hold("POST /events HTTP/1.1\r\nHost: ingress\r\n")
+		// A body announced and never sent, with the token.
+		hold(rawRequest(auth, 4096))
+		// A request answered, then the connection kept idle.
+		hold("GET /events HTTP/1.1\r\nHost: ingress\r\n" + auth + "\r\n")
+	}
+	client := &http.Client{Timeout: 5 * time.Second}
+	workertest.WaitUntil(t, "a console's event is stored despite the held connections", func() bool {
+		req, _ := http.NewRequest(http.MethodPost, hs.URL()+publisher.IngressPath, strings.NewReader(`{"version":"3.0.0"}`))
+		for k, v := range binaryHeaders(events.TypeReleasePublished, "console-1", "3.0.0") {
+			req.Header.Set(k, v)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusAccepted
+	})
+	for i, c := range held {
+		if !closedByServer(c, 10*time.Second) {
+			t.Fatalf("held connection %d is still open", i)
+		}
+	}
+}
+
+// TestIngressTLS proves --tls-cert and --tls-key serve HTTPS, and that a
+// certificate without its key is refused at start.
+func TestIngressTLS(t *testing.T) {
+	dir := t.TempDir()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "ingress"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkcs8, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: pkcs8}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := publisher.NewServer("127.0.0.1:0", http.NotFoundHandler(), publisher.ServerConfig{CertFile: certFile}); err == nil {
+		t.Fatal("a certificate without a key was accepted")
+	}
+	js, hs := hardened(t, publisher.ServerConfig{CertFile: certFile, KeyFile: keyFile})
+	if !strings.HasPrefix(hs.URL(), "https://") {
+		t.Fatalf("URL %s", hs.URL())
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(&x509.Certificate{Raw: der})
+	parsed, _ := x509.ParseCertificate(der)
+	pool.AddCert(parsed)
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	req, _ := http.NewRequest(http.MethodPost, hs.URL()+publisher.IngressPath, strings.NewReader(`{"version":"4.0.0"}`))
+	for k, v := range binaryHeaders(events.TypeReleasePublished, "tls-1", "4.0.0") {
+		req.Header.Set(k, v)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted || eventsStored(t, js) != 1 {
+		t.Fatalf("status %d over TLS", resp.StatusCode)
+	}
+	if resp, err := http.Post("http://"+hs.Addr()+publisher.IngressPath, "application/json", strings.NewReader("{}")); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusAccepted {
+			t.Fatal("plain HTTP accepted on the TLS port")
+		}
+	}
+}
+
+// TestIngressSchemaErrorNeverQuotesSecret is finding 12.6 at the ingress:
+// a console pastes a plaintext secret into a rotation; the 400 and the
+// ingress log name the field and never the value.
+func TestIngressSchemaErrorNeverQuotesSecret(t *testing.T) {
+	const plain = "plaintext-Pa55-pasted-here"
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	var logs bytes.Buffer
+	in, err := publisher.NewIngress(publisher.New(js), publisher.IngressConfig{Token: testToken, Log: zerolog.New(&logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(in)
+	defer hs.Close()
+	status, resp, _ := post(t, hs.URL+publisher.IngressPath, binaryHeaders(events.TypeCredentialRotated, "rot-1", "h1"),
+		`{"hive":"h1","version":1,"clientId":"c","secret":"`+plain+`"}`)
+	if status != http.StatusBadRequest || !strings.Contains(resp.Error, "/secret") {
+		t.Fatalf("status %d, error %q", status, resp.Error)
+	}
+	if strings.Contains(resp.Error, plain) || strings.Contains(logs.String(), plain) {
+		t.Fatalf("the secret is quoted: response %q, log %s", resp.Error, logs.String())
 	}
 }

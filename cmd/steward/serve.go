@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,6 +22,7 @@ import (
 func newServeCmd(g *globals) *cobra.Command {
 	var listen, token, tokenFile string
 	var maxBody int64
+	var hc publisher.ServerConfig
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Serve the HTTP ingress: CloudEvents over HTTP into JetStream",
@@ -29,8 +32,15 @@ and batch mode (application/cloudevents-batch+json), with a bearer token and a
 body size limit. Answers 202 with each event's id, stream sequence and
 duplicate flag; 400 naming what is wrong (nothing of a refused batch is
 stored); 401 without the token; 413 over --max-body; 503 when NATS cannot
-store the event. /metrics, /healthz and /readyz are served on the same port.`,
-		Example: `  STEWARD_TOKEN_FILE=/run/secrets/ingress-token steward serve --listen :8080
+store the event. /metrics, /healthz and /readyz are served on the same port.
+
+It listens on 127.0.0.1 unless --listen says otherwise, serves HTTPS with
+--tls-cert and --tls-key, and bounds what any client may hold: headers within
+5s, a whole request within 30s, an idle keep-alive 60s, at most --max-conns
+connections at once. A request without the token is answered 401 without its
+body being read, and its connection is closed.`,
+		Example: `  STEWARD_TOKEN_FILE=/run/secrets/ingress-token steward serve --listen :8443 \
+    --tls-cert /etc/steward/ingress.crt --tls-key /etc/steward/ingress.key
   curl -H "Authorization: Bearer $TOKEN" -H 'ce-specversion: 1.0' \
     -H 'ce-type: dev.steward.release.published.v1' -H 'ce-source: /console' \
     -H 'ce-id: rel-1.2.3' -H 'ce-subject: 1.2.3' -H 'content-type: application/json' \
@@ -57,11 +67,18 @@ store the event. /metrics, /healthz and /readyz are served on the same port.`,
 			if err != nil {
 				return err
 			}
-			bound, stop, err := serveHTTP(ctx, g.log, listen, mux)
+			srv, err := publisher.NewServer(listen, mux, hc)
 			if err != nil {
 				return fmt.Errorf("--listen: %w", err)
 			}
-			defer stop()
+			served := make(chan error, 1)
+			go func() { served <- srv.Serve() }()
+			defer func() {
+				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				defer cancel()
+				_ = srv.Shutdown(sctx)
+				<-served
+			}()
 			if g.httpAddr != "" && g.httpAddr != listen {
 				_, stopMetrics, err := serveHTTP(ctx, g.log, g.httpAddr, workers.NewServeMux(reg, natsReady(nc)))
 				if err != nil {
@@ -69,18 +86,26 @@ store the event. /metrics, /healthz and /readyz are served on the same port.`,
 				}
 				defer stopMetrics()
 			}
-			g.log.Info().Str("addr", bound).Str("path", publisher.IngressPath).Int64("max_body", maxBody).Msg("ingress serving")
-			fmt.Fprintf(cmd.OutOrStdout(), "ingress listening on http://%s%s\n", bound, publisher.IngressPath)
-			<-ctx.Done()
+			g.log.Info().Str("addr", srv.Addr()).Bool("tls", hc.CertFile != "").Str("path", publisher.IngressPath).Int64("max_body", maxBody).Msg("ingress serving")
+			fmt.Fprintf(cmd.OutOrStdout(), "ingress listening on %s%s\n", srv.URL(), publisher.IngressPath)
+			select {
+			case <-ctx.Done():
+			case err := <-served:
+				served <- err
+				return fmt.Errorf("the ingress stopped serving: %w", err)
+			}
 			g.log.Info().Msg("ingress stopping")
 			return nil
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&listen, "listen", ":8080", "address the ingress listens on")
+	fs.StringVar(&listen, "listen", "127.0.0.1:8080", "address the ingress listens on (:8080 is every interface: put TLS or a proxy in front)")
 	fs.StringVar(&token, "token", "", "the bearer token requests must carry (prefer --token-file: a flag shows in ps)")
 	fs.StringVar(&tokenFile, "token-file", "", "file holding the bearer token")
 	fs.Int64Var(&maxBody, "max-body", publisher.DefaultMaxBody, "largest request body accepted, in bytes")
+	fs.StringVar(&hc.CertFile, "tls-cert", "", "PEM certificate chain to serve HTTPS with (with --tls-key)")
+	fs.StringVar(&hc.KeyFile, "tls-key", "", "PEM private key of --tls-cert")
+	fs.IntVar(&hc.MaxConns, "max-conns", publisher.DefaultServerConfig().MaxConns, "most client connections open at once; over it idle ones are closed and new ones refused")
 	return cmd
 }
 
