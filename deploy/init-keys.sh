@@ -12,12 +12,18 @@
 #   hive.key/.pub      age: the credential worker's hive identity and recipient
 #   machine.key/.pub   age: the provision worker's machine identity and recipient
 #   ingress-token      the bearer token of the HTTP ingress (steward serve)
+#   nats/              the bus's authority (steward creds init): operator, account and
+#                      signing key seeds (0600), and one credentials file per
+#                      identity: operator.creds (the setup service), publisher.creds
+#                      (the ingress) and <worker>.creds, scoped to its instance
+#   $NATS_SERVER_DIR   what the NATS server reads (operator.jwt, accounts/): no seed
 #
 # The private signing keys are here so a newcomer can sign events at once;
 # in production they stay with the console and the release pipeline, and
 # only the .pub files are given to the workers.
 set -eu
 dir=${KEYS_DIR:?KEYS_DIR names the folder to write the keys to}
+server_dir=${NATS_SERVER_DIR:?NATS_SERVER_DIR names the folder the NATS server reads its trust from}
 umask 077
 mkdir -p "$dir"
 
@@ -39,3 +45,30 @@ if [ ! -s "$dir/ingress-token" ]; then
   mv -f "$dir/ingress-token.tmp" "$dir/ingress-token"
   echo "keys: ingress-token written"
 fi
+
+# The bus is closed: NATS trusts the authority made here, and each service
+# connects with its own credentials (STEWARD_NATS_CREDS). A credentials
+# file that exists is kept; the authority is always read back, so the
+# server's files match the seeds.
+steward creds init --dir "$dir/nats" --server-dir "$server_dir"
+creds() {
+  out="$dir/nats/$1.creds"
+  shift
+  # The identity a file was issued for is kept beside it, so a renamed
+  # instance is issued again rather than kept with the old scope.
+  if [ -s "$out" ] && [ "$(cat "$out.for" 2>/dev/null)" = "$*" ]; then
+    echo "keys: $out exists, kept"
+    return
+  fi
+  steward creds issue "$@" --account-seed "$dir/nats/signing.nk" --out "$out"
+  echo "$*" > "$out.for"
+}
+creds operator operator
+creds publisher publisher
+# One identity per worker instance, in <worker>.creds, scoped to the
+# instance compose.yaml configures (x-instances). An instance renamed gets
+# new credentials: the old file is replaced.
+creds converge converge "${CONVERGE_INSTALL:?}"
+creds join join "${JOIN_BOX:?}"
+creds credential credential "${CREDENTIAL_HIVE:?}"
+creds provision provision "${PROVISION_MACHINE:?}"

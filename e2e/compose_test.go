@@ -23,6 +23,8 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/compose-spec/compose-go/v2/cli"
 	"github.com/compose-spec/compose-go/v2/types"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/signing"
@@ -507,15 +509,23 @@ func testCompose(t *testing.T, name string, files []string, replicas, natsNodes 
 	p := loadProject(t, files...)
 	r := newComposeRun(t, p)
 
-	var natsNames, stewardNames []string
+	// stewardNames are the long-running Steward services; oneShots the
+	// steward commands that run once and exit (setup), whose settings are
+	// checked like the others'.
+	var natsNames, stewardNames, oneShots []string
 	for _, name := range slices.Sorted(mapKeys(p.Services)) {
 		s := p.Services[name]
 		switch {
 		case isNATS(s):
 			natsNames = append(natsNames, name)
+		case isSteward(s) && len(s.Entrypoint) == 0 && s.Restart == types.RestartPolicyNo:
+			oneShots = append(oneShots, name)
 		case isSteward(s) && len(s.Entrypoint) == 0:
 			stewardNames = append(stewardNames, name)
 		}
+	}
+	if !slices.Contains(oneShots, "setup") {
+		t.Fatalf("compose declares no one-shot setup service (one-shot Steward commands: %v): workers may not create the streams", oneShots)
 	}
 	for _, want := range []string{"converge", "join", "credential", "provision", "ingress"} {
 		if !slices.Contains(stewardNames, want) {
@@ -525,13 +535,16 @@ func testCompose(t *testing.T, name string, files []string, replicas, natsNodes 
 	if len(natsNames) != natsNodes {
 		t.Fatalf("%d NATS services %v; want %d", len(natsNames), natsNames, natsNodes)
 	}
-	for _, name := range stewardNames {
+	for _, name := range append(slices.Clone(stewardNames), oneShots...) {
 		if got := r.declared(name, "STEWARD_REPLICAS"); got != strconv.Itoa(replicas) {
 			t.Errorf("%s: STEWARD_REPLICAS=%s; want %d", name, got, replicas)
 		}
 	}
 
-	for _, name := range stewardNames {
+	for _, name := range append(slices.Clone(stewardNames), oneShots...) {
+		if r.declared(name, "STEWARD_NATS_CREDS") == "" {
+			t.Errorf("service %s has no STEWARD_NATS_CREDS: the bus is closed", name)
+		}
 		if unknown := r.unknownSettings(name); len(unknown) > 0 {
 			t.Errorf("service %s sets %v, which are no flag's twin of `steward %s`: steward would ignore them", name, unknown, strings.Join(p.Services[name].Command, " "))
 		}
@@ -544,7 +557,9 @@ func testCompose(t *testing.T, name string, files []string, replicas, natsNodes 
 	}
 	upIn := time.Since(start)
 
-	b := connect(t, r.mapAddrs("converge", r.declared("converge", "STEWARD_NATS_URL")))
+	// The test reads the bus as the operator, with setup's credentials.
+	b := connectCreds(t, r.mapAddrs("converge", r.declared("converge", "STEWARD_NATS_URL")), r.env(p.Services["setup"])["STEWARD_NATS_CREDS"])
+	r.closedBus(b.nc.ConnectedUrl())
 	for _, s := range []string{events.StreamEvents, events.StreamOutcomes, events.StreamDLQ, "KV_" + workers.CheckpointBucket} {
 		got, err := streamReplicas(b, s)
 		if err != nil || got != replicas {
@@ -722,6 +737,37 @@ func testCompose(t *testing.T, name string, files []string, replicas, natsNodes 
 		figures = append(figures, "full_restart_ready_in", round(restartedIn), "state_kept", fmt.Sprintf("%d/4", kept))
 	}
 	summary(t, "compose-"+name, figures...)
+}
+
+// connectCreds is connect with a credentials file: compose's bus is
+// closed.
+func connectCreds(t testing.TB, urls, creds string) *bus {
+	t.Helper()
+	nc, err := nats.Connect(urls,
+		nats.Name("e2e test"),
+		nats.UserCredentials(creds),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(50*time.Millisecond),
+		nats.RetryOnFailedConnect(true),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &bus{nc: nc, js: js, pub: publisher.New(js, publisher.WithSource("/steward/e2e"))}
+}
+
+// closedBus proves compose's NATS refuses a client without credentials.
+func (r *composeRun) closedBus(url string) {
+	nc, err := nats.Connect(url)
+	if err == nil {
+		nc.Close()
+		r.t.Errorf("compose's NATS at %s accepted a connection without credentials", url)
+	}
 }
 
 // outcomeNoun is the word a worker's outcome types start with: the

@@ -64,7 +64,16 @@ run as the postgres user when dev runs as root, and stopped with dev. With
 shared server is never used unless --database-url names it. With neither
 binaries nor --database-url, the other three workers run without it.
 
-The NATS URL is printed on the first line; then what runs and how to publish.
+The bus is closed, as in production: the embedded NATS runs with JWT
+authentication, trusting an operator and account dev makes once under
+<dir>/nats-auth (seeds 0600). dev creates the streams and the bucket as the
+operator, and each part connects as its own identity with credentials it
+writes under <dir>/creds (0600): operator.creds, publisher.creds (the
+ingress), and <worker>-<instance>.creds per worker. More can be issued with
+steward creds issue --account-seed <dir>/nats-auth/signing.nk.
+
+The NATS URL is printed on the first line, with the credentials to export
+and the nats CLI line; then what runs and how to publish.
 SIGINT or SIGTERM stops it gracefully. Everything it made stays in --dir and
 is reused by the next run.`,
 		Args: cobra.NoArgs,

@@ -207,7 +207,7 @@ func TestDev(t *testing.T) {
 	})
 	// Invalid events skip the key lanes, so they reach the DLQ in any order.
 	slices.SortFunc(dls, func(a, b events.DeadLetter) int { return cmp.Compare(a.Sequence, b.Sequence) })
-	for i, want := range [][]string{{"image"}, {"/version", "1.2"}, {"not a CloudEvent", "ce-specversion"}} {
+	for i, want := range [][]string{{"image"}, {"/version"}, {"not a CloudEvent", "ce-specversion"}} {
 		for _, w := range want {
 			if !strings.Contains(dls[i].Reason, w) {
 				t.Fatalf("dead letter %d: reason %q does not name %q", i, dls[i].Reason, w)
