@@ -253,7 +253,55 @@ func (w *Worker) Spec() workers.Spec {
 		Instance: w.cfg.Box,
 		Subjects: []string{inv.FilterSubject(w.cfg.Box), floor.FilterSubject("")},
 		Types:    []string{events.TypeInvitationWritten, events.TypeHostFloorPublished},
+		// The box's invitation and its deployment's floor are each the
+		// current one: of several not yet applied, only the newest counts.
+		Rank: w.rank,
 	}
+}
+
+// rank is an event's place in its key's order once it verifies: an
+// invitation by its signed issuedAt, this deployment's floor by its signed
+// minAgentVersion. Whatever does not verify (or is another deployment's
+// floor, or a pre-release floor, which has no place in a plain number)
+// ranks nowhere and is handled in its turn.
+func (w *Worker) rank(_ context.Context, d *workers.Delivery) (uint64, error) {
+	switch d.Event.Type() {
+	case events.TypeInvitationWritten:
+		var data events.InvitationWritten
+		if err := d.DataAs(&data); err != nil {
+			return 0, err
+		}
+		if data.Box != w.cfg.Box {
+			return 0, workers.ErrUnranked
+		}
+		inv, rule, reason := w.verifyInvitation(data.Envelope)
+		if rule != "" {
+			return 0, fmt.Errorf("invitation %s does not verify [%s]: %s", d.Event.ID(), rule, reason)
+		}
+		at, err := time.Parse(time.RFC3339Nano, inv.IssuedAt)
+		if err != nil || at.UnixNano() < 0 {
+			return 0, workers.ErrUnranked
+		}
+		return uint64(at.UnixNano()), nil
+	case events.TypeHostFloorPublished:
+		var data events.HostFloorPublished
+		if err := d.DataAs(&data); err != nil {
+			return 0, err
+		}
+		if data.Deployment != w.cfg.Deployment {
+			return 0, workers.ErrUnranked
+		}
+		floor, rule, reason := w.verifyFloor(data.Envelope)
+		if rule != "" {
+			return 0, fmt.Errorf("host floor %s does not verify [%s]: %s", d.Event.ID(), rule, reason)
+		}
+		v, err := events.ParseVersion(floor.MinAgentVersion)
+		if err != nil || v.Prerelease() != "" || v.Major() >= 1<<20 || v.Minor() >= 1<<20 || v.Patch() >= 1<<20 {
+			return 0, workers.ErrUnranked
+		}
+		return v.Major()<<40 | v.Minor()<<20 | v.Patch(), nil
+	}
+	return 0, workers.ErrUnranked
 }
 
 // Handle applies one invitation or host floor.
