@@ -42,7 +42,7 @@ func TestFaultWorkerKilled(t *testing.T) {
 		keys     = 50
 		versions = 20
 		total    = keys * versions
-		kills    = 12
+		kills    = 20
 	)
 	rng := rand.New(rand.NewPCG(seed(t), 1))
 	n := startNATS(t, "n1")
