@@ -1,18 +1,51 @@
 package main
 
 import (
-	"errors"
+	"fmt"
+	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/steward-dev/steward/internal/fleet"
 )
 
-func newBenchFleetCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+func newBenchFleetCmd(_ *globals) *cobra.Command {
+	var o fleet.Options
+	cmd := &cobra.Command{
 		Use:   "fleet",
 		Short: "Measure N host-bound worker instances against a NATS server in its own process",
-		Args:  cobra.NoArgs,
+		Long: `Start nats-server in a process of its own (or, with --cluster, three of them
+with R3 streams and bucket), set up the streams as ` + "`steward setup`" + ` does, then run
+--instances instances of the credential worker's Spec in this process through
+the runtime, exactly as ` + "`steward worker`" + ` runs one (its handler only emits the
+outcome). Instances share --conns connections; real hosts each have their own.
+
+It prints the time until all are consuming, the servers' resident memory per
+instance, their idle CPU over --idle, and for a burst of one event per
+instance the time until all are settled with the p50 and p99 of publish to
+settled. nats-server is built from the module Steward requires (run from the
+checkout) unless --nats-server names a binary. Compare figures within one
+machine: a shared machine's figures drift.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return errors.New("steward bench fleet is not built yet")
+			o.Progress = func(format string, args ...any) {
+				fmt.Fprintf(cmd.ErrOrStderr(), "  "+format+"\n", args...)
+			}
+			res, err := fleet.Run(cmd.Context(), o)
+			if err != nil {
+				return fmt.Errorf("bench fleet: %w", err)
+			}
+			fmt.Fprint(cmd.OutOrStdout(), res.String())
+			return nil
 		},
 	}
+	fs := cmd.Flags()
+	fs.IntVar(&o.Instances, "instances", 1000, "worker instances to run")
+	fs.BoolVar(&o.Cluster, "cluster", false, "three nats-server processes in a cluster, streams and bucket at three replicas")
+	fs.IntVar(&o.Conns, "conns", 0, "NATS connections the instances share (0: one per 500 instances, at least 2)")
+	fs.IntVar(&o.Parallel, "parallel", 64, "instances starting at once")
+	fs.DurationVar(&o.Idle, "idle", 10*time.Second, "how long the idle servers' CPU is measured")
+	fs.DurationVar(&o.Timeout, "timeout", 5*time.Minute, "give up on a phase after this long")
+	fs.StringVar(&o.ServerBin, "nats-server", "", "a nats-server binary to run (empty: build it from the module)")
+	return cmd
 }

@@ -1,18 +1,78 @@
 package main
 
 import (
-	"errors"
+	"fmt"
 
 	"github.com/spf13/cobra"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/workers"
 )
 
+// newSetupCmd is the operator's command: it creates or updates the three
+// streams and the checkpoint bucket with their limits. Workers create only
+// what is missing and never overwrite what this command set.
 func newSetupCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var (
+		cfg          = workers.DefaultBusConfig(1)
+		maxMsgSize   int
+		cpValueBytes int
+	)
+	cmd := &cobra.Command{
 		Use:   "setup",
 		Short: "Create or update Steward's streams and checkpoint bucket with their limits (an operator's command)",
-		Args:  cobra.NoArgs,
+		Long: `Create Steward's streams (STEWARD_EVENTS, STEWARD_OUTCOMES, STEWARD_DLQ) and the
+checkpoint bucket (STEWARD_CHECKPOINTS), or update them, with --replicas copies
+and every limit set explicitly. Run it with operator credentials (--nats-creds):
+creating and changing them is an operator's right. Workers started later create
+only what is missing, with the defaults, and never reset these limits.
+
+A stream at a limit refuses new messages (the publisher sees the error naming
+the limit and the flag here that raises it); it never drops stored ones.
+--max-consumers must hold every worker instance of the fleet (one consumer each)
+and a few for tools. Every flag has its STEWARD_* twin (--max-consumers is
+STEWARD_MAX_CONSUMERS).`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return errors.New("steward setup is not built yet")
+			cfg.Streams.Replicas = g.replicas
+			cfg.Streams.MaxMsgSize = int32(maxMsgSize)
+			cfg.CheckpointMaxValueSize = int32(cpValueBytes)
+			if maxMsgSize != int(cfg.Streams.MaxMsgSize) || cpValueBytes != int(cfg.CheckpointMaxValueSize) {
+				return fmt.Errorf("--max-msg-size %d and --checkpoint-max-value-size %d: want each below 2 GiB", maxMsgSize, cpValueBytes)
+			}
+			if err := cfg.Streams.Check(); err != nil {
+				return fmt.Errorf("steward setup: %w", err)
+			}
+			ctx := cmd.Context()
+			nc, js, err := g.connect(ctx, "steward setup", true)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			// A cluster still electing its leaders refuses for a moment:
+			// a one-shot set-up service waits that out rather than fail.
+			if err := g.retry(ctx, "streams not set up yet", func() error { return workers.SetupBus(ctx, js, cfg) }); err != nil {
+				return fmt.Errorf("steward setup: %w", err)
+			}
+			out := cmd.OutOrStdout()
+			for _, sc := range cfg.Streams.StreamConfigs() {
+				fmt.Fprintf(out, "stream %s: replicas %d, max age %v, max bytes %d, max message size %d, max consumers %d, discard new\n",
+					sc.Name, sc.Replicas, sc.MaxAge, sc.MaxBytes, sc.MaxMsgSize, sc.MaxConsumers)
+			}
+			fmt.Fprintf(out, "bucket %s: replicas %d, max bytes %d, max value size %d\n",
+				workers.CheckpointBucket, cfg.Streams.Replicas, cfg.CheckpointMaxBytes, cfg.CheckpointMaxValueSize)
+			return nil
 		},
 	}
+	fs := cmd.Flags()
+	fs.IntVar(&cfg.Streams.MaxConsumers, "max-consumers", events.DefaultMaxConsumers, "consumers STEWARD_EVENTS may hold: one per worker instance in the fleet, plus a few for tools")
+	fs.Int64Var(&cfg.Streams.MaxBytes, "max-bytes", events.DefaultMaxBytes, "bytes STEWARD_EVENTS and STEWARD_OUTCOMES may each hold; full, they refuse new events")
+	fs.IntVar(&maxMsgSize, "max-msg-size", events.DefaultMaxMsgSize, "the largest event, outcome or dead letter, in bytes")
+	fs.DurationVar(&cfg.Streams.Retention, "retention", cfg.Streams.Retention, "how long events and outcomes are kept for replay and history")
+	fs.DurationVar(&cfg.Streams.Dedupe, "dedupe", cfg.Streams.Dedupe, "the window in which an event republished with the same id is stored once")
+	fs.DurationVar(&cfg.Streams.DLQMaxAge, "dlq-max-age", events.DefaultDLQMaxAge, "how long dead letters are kept")
+	fs.Int64Var(&cfg.Streams.DLQMaxBytes, "dlq-max-bytes", events.DefaultDLQMaxBytes, "bytes STEWARD_DLQ may hold; full, it refuses new dead letters (the worker keeps retrying the event)")
+	fs.Int64Var(&cfg.CheckpointMaxBytes, "checkpoint-max-bytes", workers.DefaultCheckpointMaxBytes, "bytes the checkpoint bucket may hold")
+	fs.IntVar(&cpValueBytes, "checkpoint-max-value-size", workers.DefaultCheckpointMaxValueSize, "the largest checkpoint (with the stage a handler saved), in bytes")
+	return cmd
 }

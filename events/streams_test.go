@@ -1,0 +1,121 @@
+package events_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/steward-dev/steward/events"
+)
+
+func startJS(t *testing.T) jetstream.JetStream {
+	t.Helper()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true,
+		StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	t.Cleanup(srv.Shutdown)
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("embedded NATS not ready in 10s")
+	}
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// Every stream sets its limits itself, and discards new messages at them.
+func TestStreamConfigsSetEveryLimit(t *testing.T) {
+	for _, sc := range events.DefaultStreamConfig().StreamConfigs() {
+		if sc.MaxConsumers < 1 || sc.MaxBytes < 1 || sc.MaxMsgSize < 1 || sc.MaxAge <= 0 {
+			t.Errorf("stream %s leaves a limit to the server: consumers %d, bytes %d, message size %d, age %v",
+				sc.Name, sc.MaxConsumers, sc.MaxBytes, sc.MaxMsgSize, sc.MaxAge)
+		}
+		if sc.Discard != jetstream.DiscardNew {
+			t.Errorf("stream %s drops stored messages at its limits", sc.Name)
+		}
+	}
+	bad := events.DefaultStreamConfig()
+	bad.MaxConsumers = -1
+	if err := bad.Check(); err == nil {
+		t.Error("a max consumers the server would replace by its default is accepted")
+	}
+}
+
+// Creating what is missing leaves an operator's limits alone; the
+// operator's EnsureStreams applies them.
+func TestCreateMissingStreamsKeepsOperatorLimits(t *testing.T) {
+	js := startJS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	op := events.DefaultStreamConfig()
+	op.MaxBytes = 5 << 20
+	if err := events.EnsureStreams(ctx, js, op); err != nil {
+		t.Fatal(err)
+	}
+	if err := events.CreateMissingStreams(ctx, js, events.DefaultStreamConfig()); err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, events.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.CachedInfo().Config.MaxBytes; got != 5<<20 {
+		t.Fatalf("max bytes %d after CreateMissingStreams, want the operator's %d", got, 5<<20)
+	}
+}
+
+// A full stream refuses the next event with an error naming the limit and
+// the setting; what is stored stays.
+func TestFullStreamRefusesWithTheLimitNamed(t *testing.T) {
+	js := startJS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cfg := events.DefaultStreamConfig()
+	cfg.MaxBytes = 4096
+	if err := events.EnsureStreams(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	stored := 0
+	for range 100 {
+		if _, err = js.Publish(ctx, events.EventsPrefix+".release.published", make([]byte, 500)); err != nil {
+			break
+		}
+		stored++
+	}
+	if err == nil {
+		t.Fatal("100 events of 500 bytes fit in 4096 bytes")
+	}
+	s, _ := js.Stream(ctx, events.StreamEvents)
+	info, _ := s.Info(ctx)
+	le := events.AsLimitError(events.StreamEvents, err, info)
+	if le == nil {
+		t.Fatalf("refusal %v is not read as a limit", err)
+	}
+	if info.State.Msgs != uint64(stored) {
+		t.Errorf("stream holds %d messages, %d were stored: a full stream dropped some", info.State.Msgs, stored)
+	}
+	for _, want := range []string{"STEWARD_EVENTS", "max_bytes of 4096", "--max-bytes", "STEWARD_MAX_BYTES", "nothing stored was dropped"} {
+		if !strings.Contains(le.Error(), want) {
+			t.Errorf("%q does not say %q", le, want)
+		}
+	}
+	if !errors.Is(le, err) {
+		t.Error("the LimitError does not wrap JetStream's refusal")
+	}
+}

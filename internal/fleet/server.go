@@ -1,0 +1,227 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// BuildServer builds nats-server from the module Steward requires into dir
+// and returns its path. It runs `go build` in the module's root, so the
+// server is exactly the version the tests embed; outside a checkout, pass
+// a binary instead (Options.ServerBin).
+func BuildServer(ctx context.Context, dir string) (string, error) {
+	root, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	gomod := strings.TrimSpace(string(root))
+	if err != nil || gomod == "" || gomod == os.DevNull {
+		return "", errors.New("building nats-server needs Steward's checkout as the working folder (go env GOMOD found none); run from the checkout or pass --nats-server")
+	}
+	out := filepath.Join(dir, "nats-server")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "github.com/nats-io/nats-server/v2")
+	cmd.Dir = filepath.Dir(gomod)
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build nats-server: %v\n%s", err, msg)
+	}
+	return out, nil
+}
+
+// Node is one nats-server process with JetStream and its own store.
+type Node struct {
+	Name        string
+	Port        int
+	clusterPort int
+	conf        string
+	bin         string
+	cmd         *exec.Cmd
+	log         *bytes.Buffer
+	exited      chan struct{}
+}
+
+// Servers is one server, or a cluster of them, each in its own process so
+// its memory and CPU are its own.
+type Servers struct {
+	Nodes []*Node
+}
+
+// freePort asks the kernel for a port nothing listens on.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// StartServers starts n servers (one, or a cluster of n with routes to each
+// other) from bin, their stores and config under dir, and waits until
+// JetStream answers on every one.
+func StartServers(ctx context.Context, bin, dir string, n int) (*Servers, error) {
+	s := &Servers{}
+	var routes []string
+	for i := range n {
+		p, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		node := &Node{Name: fmt.Sprintf("n%d", i+1), Port: p, bin: bin}
+		if n > 1 {
+			if node.clusterPort, err = freePort(); err != nil {
+				return nil, err
+			}
+			routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", node.clusterPort))
+		}
+		s.Nodes = append(s.Nodes, node)
+	}
+	for _, node := range s.Nodes {
+		store := filepath.Join(dir, node.Name)
+		conf := fmt.Sprintf("server_name: %s\nlisten: 127.0.0.1:%d\njetstream {\n  store_dir: %q\n}\n", node.Name, node.Port, store)
+		if n > 1 {
+			conf += fmt.Sprintf("cluster {\n  name: steward-fleet\n  listen: 127.0.0.1:%d\n  routes: [%s]\n}\n", node.clusterPort, strings.Join(routes, ", "))
+		}
+		node.conf = filepath.Join(dir, node.Name+".conf")
+		if err := os.WriteFile(node.conf, []byte(conf), 0o644); err != nil {
+			return nil, err
+		}
+		if err := node.Start(); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
+	for _, node := range s.Nodes {
+		if err := node.WaitJetStream(ctx, 60*time.Second); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Start starts the node's process (again, after Kill).
+func (n *Node) Start() error {
+	n.log = &bytes.Buffer{}
+	n.cmd = exec.Command(n.bin, "-c", n.conf)
+	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
+	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := n.cmd.Start(); err != nil {
+		return fmt.Errorf("start nats-server %s: %w", n.Name, err)
+	}
+	n.exited = make(chan struct{})
+	go func() { _ = n.cmd.Wait(); close(n.exited) }()
+	return nil
+}
+
+// Kill ends the node's process with SIGKILL and waits until it is gone.
+func (n *Node) Kill() {
+	if n.cmd == nil || n.cmd.Process == nil {
+		return
+	}
+	_ = n.cmd.Process.Kill()
+	<-n.exited
+}
+
+// URL is the node's client URL.
+func (n *Node) URL() string { return fmt.Sprintf("nats://127.0.0.1:%d", n.Port) }
+
+// WaitJetStream waits until the node's JetStream answers an account info.
+func (n *Node) WaitJetStream(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		select {
+		case <-n.exited:
+			return fmt.Errorf("nats-server %s exited: %s", n.Name, tail(n.log.String(), 2000))
+		default:
+		}
+		nc, err := nats.Connect(n.URL(), nats.Timeout(time.Second))
+		if err == nil {
+			js, _ := jetstream.New(nc)
+			actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			_, err = js.AccountInfo(actx)
+			cancel()
+			nc.Close()
+			if err == nil {
+				return nil
+			}
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("nats-server %s: JetStream not up after %v: %v", n.Name, timeout, last)
+}
+
+// RSS is the node's resident memory in bytes, from /proc.
+func (n *Node) RSS() (int64, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", n.cmd.Process.Pid))
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, errors.New("no VmRSS in /proc status")
+}
+
+// CPU is the CPU time (user and system) the node's process has used, from
+// /proc, in clock ticks of 1/100 s (Linux's USER_HZ).
+func (n *Node) CPU() (time.Duration, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", n.cmd.Process.Pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command name, which is in parentheses and may hold
+	// spaces: state is field 3, utime 14 and stime 15.
+	s := string(raw)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(fields) < 13 {
+		return 0, errors.New("short /proc stat")
+	}
+	ut, err1 := strconv.ParseInt(fields[11], 10, 64)
+	st, err2 := strconv.ParseInt(fields[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, err
+	}
+	return time.Duration(ut+st) * 10 * time.Millisecond, nil
+}
+
+// URLs is every node's client URL, comma-separated.
+func (s *Servers) URLs() string {
+	var u []string
+	for _, n := range s.Nodes {
+		u = append(u, n.URL())
+	}
+	return strings.Join(u, ",")
+}
+
+// Close kills every node.
+func (s *Servers) Close() {
+	for _, n := range s.Nodes {
+		n.Kill()
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}

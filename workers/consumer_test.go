@@ -1,0 +1,162 @@
+package workers_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/workertest"
+)
+
+func hostSpec(hive string) workers.Spec {
+	return workers.Spec{
+		Name: testWorker, Instance: hive,
+		Subjects: []string{"steward.events.credential.rotated." + hive},
+		Types:    []string{events.TypeCredentialRotated},
+	}
+}
+
+func TestHostBoundIsDecidedByTheInstancesOwnSubject(t *testing.T) {
+	if !workers.HostBound(hostSpec("hive-1")) {
+		t.Error("a Spec reading its own hive's subject is not host-bound")
+	}
+	join := workers.Spec{Name: "join", Instance: "box-7", Subjects: []string{
+		"steward.events.invitation.written.box-7", "steward.events.hostfloor.published"}}
+	if !workers.HostBound(join) {
+		t.Error("join, reading its box's invitations and the shared floor, is not host-bound")
+	}
+	converge := workers.Spec{Name: "converge", Instance: "prod", Subjects: []string{"steward.events.release.published"}}
+	if workers.HostBound(converge) {
+		t.Error("converge, reading the shared release subject, is host-bound")
+	}
+	if workers.HostBound(spec("all")) {
+		t.Error("a Spec reading every hive is host-bound")
+	}
+}
+
+func newWorker(t *testing.T, js jetstream.JetStream, s workers.Spec, opts ...workers.Option) *workers.Worker {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	opts = append([]workers.Option{workers.WithRegisterer(prometheus.NewRegistry())}, opts...)
+	w, err := workers.New(ctx, js, s, workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func fleetConsumerInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.ConsumerInfo {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := js.Consumer(ctx, events.StreamEvents, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.CachedInfo()
+}
+
+// A host-bound consumer is R1; starting again with the same config writes
+// nothing (the consumer's creation time and config stay); a start with
+// another config updates it in place, under its name, keeping what it
+// delivered and had acked.
+func TestEnsureConsumerIsR1ForHostsAndUpdatesInPlace(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	s := hostSpec("hive-1")
+	w := newWorker(t, js, s)
+	info := fleetConsumerInfo(t, js, w.ConsumerName())
+	if info.Config.Replicas != 1 {
+		t.Fatalf("host-bound consumer has %d replicas, want 1", info.Config.Replicas)
+	}
+	if info.Config.MaxDeliver != -1 || info.Config.AckPolicy != jetstream.AckExplicitPolicy {
+		t.Fatalf("consumer config %+v lost the runtime's settings", info.Config)
+	}
+
+	// Deliver and ack one event, then change the config as an upgrade does.
+	run := workertest.Start(t, js, s, workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }),
+		workers.WithRegisterer(prometheus.NewRegistry()))
+	publishRotation(t, js, "hive-1", 1)
+	workertest.WaitIdle(t, js, w.ConsumerName())
+	if err := run.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	before := fleetConsumerInfo(t, js, w.ConsumerName())
+	newWorker(t, js, s, workers.WithAckWait(7*time.Second))
+	after := fleetConsumerInfo(t, js, w.ConsumerName())
+	if after.Config.AckWait != 7*time.Second {
+		t.Fatalf("ack wait %v after the update, want 7s", after.Config.AckWait)
+	}
+	if after.AckFloor.Consumer != before.AckFloor.Consumer || after.Delivered.Consumer != before.Delivered.Consumer || after.Created != before.Created {
+		t.Fatalf("the update replaced the consumer: before %+v/%+v created %v, after %+v/%+v created %v",
+			before.Delivered, before.AckFloor, before.Created, after.Delivered, after.AckFloor, after.Created)
+	}
+}
+
+// A stream that reached its consumer limit refuses the next instance
+// with an error that names the limit, the count and the setting.
+func TestConsumerLimitIsNamed(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cfg := workers.DefaultBusConfig(1)
+	cfg.Streams.MaxConsumers = 2
+	if err := workers.SetupBus(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	newWorker(t, js, hostSpec("hive-1"))
+	newWorker(t, js, hostSpec("hive-2"))
+	_, err := workers.New(ctx, js, hostSpec("hive-3"), workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }),
+		workers.WithRegisterer(prometheus.NewRegistry()))
+	var le *events.LimitError
+	if !errors.As(err, &le) {
+		t.Fatalf("third instance: %v, want a LimitError", err)
+	}
+	for _, want := range []string{"max_consumers of 2", "(now 2)", "--max-consumers", "STEWARD_MAX_CONSUMERS"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+}
+
+// A worker starting leaves the limits an operator set alone.
+func TestWorkerStartKeepsOperatorLimits(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cfg := workers.DefaultBusConfig(1)
+	cfg.Streams.MaxBytes = 123 << 20
+	cfg.CheckpointMaxBytes = 77 << 20
+	if err := workers.SetupBus(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	newWorker(t, js, hostSpec("hive-1"))
+	s, err := js.Stream(ctx, events.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.CachedInfo().Config.MaxBytes; got != 123<<20 {
+		t.Errorf("events max bytes %d after a worker started, want the operator's %d", got, 123<<20)
+	}
+	kv, err := js.KeyValue(ctx, workers.CheckpointBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := st.(*jetstream.KeyValueBucketStatus).StreamInfo().Config.MaxBytes; got != 77<<20 {
+		t.Errorf("checkpoint max bytes %d after a worker started, want the operator's %d", got, 77<<20)
+	}
+}
