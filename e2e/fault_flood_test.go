@@ -35,6 +35,10 @@ type floodEvent struct {
 	raw    *nats.Msg
 	// outcome is the outcome type a valid event must get.
 	outcome []string
+	// refused marks a malformed event the worker can read and whose rules
+	// say no (a bad signature, a secret for another key): it gets a
+	// refused outcome, once, and never reaches the DLQ.
+	refused []string
 
 	seq   uint64
 	acked time.Time
@@ -127,6 +131,10 @@ func (k *floodKit) malformed(i int) []floodEvent {
 	joinEv := func(kind string, m *nats.Msg) floodEvent {
 		return floodEvent{kind: kind, worker: "join-" + floodBox, raw: m}
 	}
+	refusal := func(f floodEvent, outcome string) floodEvent {
+		f.refused = []string{outcome}
+		return f
+	}
 	rot := func(kind string) event.Event {
 		return k.event(events.TypeCredentialRotated, floodHive, k.rotationData(uint64(1_000_000+i), k.hiveRecipient), kind)
 	}
@@ -154,7 +162,7 @@ func (k *floodKit) malformed(i int) []floodEvent {
 	out = append(out, cred("oversized", k.raw(credSubject, k.event(events.TypeCredentialRotated, floodHive, big, "oversized"))))
 
 	wrong := k.event(events.TypeCredentialRotated, floodHive, k.rotationData(uint64(3_000_000+i), k.wrongRecipient), "wrong-recipient")
-	out = append(out, cred("wrong-recipient", k.raw(credSubject, wrong)))
+	out = append(out, refusal(cred("wrong-recipient", k.raw(credSubject, wrong)), "refused"))
 
 	m = k.raw(credSubject, rot("missing-id"))
 	m.Header.Del("ce-id")
@@ -171,25 +179,28 @@ func (k *floodKit) malformed(i int) []floodEvent {
 
 	invSubject := events.EventsPrefix + ".invitation.written." + floodBox
 	forged := k.event(events.TypeInvitationWritten, floodBox, k.invitation(k.forger, fmt.Sprintf("forged-%d", i)), "forged-invitation")
-	out = append(out, joinEv("forged-invitation", k.raw(invSubject, forged)))
+	out = append(out, refusal(joinEv("forged-invitation", k.raw(invSubject, forged)), "refused"))
 
 	tamperedData := k.invitation(k.console, fmt.Sprintf("tampered-%d", i))
 	evil, _ := json.Marshal(events.Invitation{V: 1, Deployment: floodDep, Box: floodBox, Enrollment: fmt.Sprintf("evil-%d", i), EvidenceSHA256: k.evidence, IssuedAt: k.issuedAt})
 	tamperedData.Envelope.Payload = base64.StdEncoding.EncodeToString(evil)
 	tampered := k.event(events.TypeInvitationWritten, floodBox, tamperedData, "tampered-invitation")
-	out = append(out, joinEv("tampered-invitation", k.raw(invSubject, tampered)))
+	out = append(out, refusal(joinEv("tampered-invitation", k.raw(invSubject, tampered)), "refused"))
 
 	forgedFloor := k.event(events.TypeHostFloorPublished, floodDep, k.floor(k.forger, fmt.Sprintf("9.%d.0", i)), "forged-floor")
-	out = append(out, joinEv("forged-floor", k.raw(events.EventsPrefix+".hostfloor.published", forgedFloor)))
+	out = append(out, refusal(joinEv("forged-floor", k.raw(events.EventsPrefix+".hostfloor.published", forgedFloor)), "floor-refused"))
 	return out
 }
 
 // TestFaultMalformedFlood is fault 5. Invariant: malformed events (wrong
 // types, broken JSON, oversized data, bad signatures, missing attributes,
 // unknown fields, keys that do not match their subject) interleaved with
-// valid ones never stall the stream: every bad one is in the DLQ, once,
-// with a reason, after one delivery; every valid one gets its outcome, in
-// order; the files end as the last valid event says.
+// valid ones never stall the stream: every one that cannot be processed is
+// in the DLQ, once, with a reason, after one delivery; every one the rules
+// refuse (bad signatures, a secret for another key) gets its refused
+// outcome, once, and no dead letter; every valid one gets its outcome, in
+// order, or is superseded by a newer one of its key (latest wins); the
+// files end as the last valid event says.
 func TestFaultMalformedFlood(t *testing.T) {
 	const (
 		rotationsN = 120
@@ -257,14 +268,13 @@ func TestFaultMalformedFlood(t *testing.T) {
 	valid = append(valid, floodEvent{kind: "floor", valid: true, worker: "join-" + floodBox, outcome: []string{"floor-accepted"},
 		event: kit.event(events.TypeHostFloorPublished, floodDep, kit.floor(kit.release, "1.0.0"), "floor")})
 	for v := uint64(1); v <= rotationsN; v++ {
-		valid = append(valid, floodEvent{kind: "rotation", valid: true, worker: "credential-" + floodHive, outcome: []string{"applied"},
+		valid = append(valid, floodEvent{kind: "rotation", valid: true, worker: "credential-" + floodHive, outcome: []string{"applied", "superseded"},
 			event: kit.event(events.TypeCredentialRotated, floodHive, kit.rotationData(v, hiveRec), "rotation")})
 	}
 	for i := range validInvs {
-		ok := []string{"armed-already"}
-		if i == 0 {
-			ok = []string{"armed"}
-		}
+		// Copies of one invitation: the first handled arms, a later one
+		// finds the box armed, or one queued behind another is superseded.
+		ok := []string{"armed", "armed-already", "superseded"}
 		inv := floodEvent{kind: "invitation", valid: true, worker: "join-" + floodBox, outcome: ok,
 			event: kit.event(events.TypeInvitationWritten, floodBox, kit.invitation(kit.console, "enr-1"), "invitation")}
 		at := 1 + (i+1)*rotationsN/(validInvs+1)
@@ -342,6 +352,25 @@ func TestFaultMalformedFlood(t *testing.T) {
 	dupOutcomes, lostValid := 0, 0
 	for _, f := range flood {
 		dl, isDead := dead[f.seq]
+		if !f.valid && f.refused != nil {
+			badByKind[f.kind]++
+			outs := outcomes[f.raw.Header.Get("ce-id")]
+			switch {
+			case isDead:
+				t.Errorf("refused %s (sequence %d) is in the DLQ (%s); a refusal is an outcome", f.kind, f.seq, dl.Reason)
+			case len(outs) != 1:
+				t.Errorf("refused %s (sequence %d) has %d outcomes; want 1", f.kind, f.seq, len(outs))
+			default:
+				name := strings.TrimSuffix(strings.TrimPrefix(outs[0].Type(), "dev.steward."+strings.Split(f.worker, "-")[0]+"."), ".v1")
+				if !slices.Contains(f.refused, name) {
+					t.Errorf("refused %s (sequence %d): outcome %s; want %v", f.kind, f.seq, outs[0].Type(), f.refused)
+				}
+				if _, ok := reasons[f.kind]; !ok {
+					reasons[f.kind] = string(outs[0].Data())
+				}
+			}
+			continue
+		}
 		if !f.valid {
 			badByKind[f.kind]++
 			switch {
@@ -379,7 +408,7 @@ func TestFaultMalformedFlood(t *testing.T) {
 		if !slices.Contains(f.outcome, name) {
 			t.Errorf("valid %s %s: outcome %s (%s); want %v", f.kind, f.event.ID(), o.Type(), o.Data(), f.outcome)
 		}
-		if f.kind == "rotation" {
+		if f.kind == "rotation" && name == "applied" {
 			var a struct {
 				Version uint64 `json:"version"`
 			}
@@ -391,8 +420,14 @@ func TestFaultMalformedFlood(t *testing.T) {
 		}
 		latencies = append(latencies, o.Time().Sub(f.acked))
 	}
-	if len(dead) != len(bad) {
-		t.Errorf("%d dead letters; want exactly the %d malformed events", len(dead), len(bad))
+	refusedN := 0
+	for _, f := range bad {
+		if f.refused != nil {
+			refusedN++
+		}
+	}
+	if len(dead) != len(bad)-refusedN {
+		t.Errorf("%d dead letters; want exactly the %d malformed events no worker can process", len(dead), len(bad)-refusedN)
 	}
 
 	clientID, err := os.ReadFile(filepath.Join(credDir, "client_id"))
@@ -427,7 +462,7 @@ func TestFaultMalformedFlood(t *testing.T) {
 	}
 	summary(t, "fault5-malformed-flood",
 		"events", len(flood), "valid", len(valid), "malformed", len(bad), "malformed_kinds", len(kinds),
-		"dead_lettered", len(dead), "valid_handled", len(latencies), "lost", lostValid,
+		"dead_lettered", len(dead), "refused", refusedN, "valid_handled", len(latencies), "lost", lostValid,
 		"duplicates_applied", dupOutcomes, "oversize_refused_by_server", 1,
 		"latency_p50", round(p50), "latency_max", round(latencies.max()),
 		"publish", round(published), "drained", round(drained))
