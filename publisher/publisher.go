@@ -12,8 +12,13 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/tracing"
 )
 
 // DefaultSource is the CloudEvents source of events whose publisher named none.
@@ -23,17 +28,24 @@ const DefaultSource = "/steward/publisher"
 type Publisher struct {
 	js     jetstream.JetStream
 	source string
+	tracer trace.Tracer
 }
 
 // Option configures a Publisher.
 type Option func(*Publisher)
+
+// WithTracerProvider sets where publish spans go; the default is the
+// global provider (internal/tracing sets it from the OTEL_* environment).
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(p *Publisher) { p.tracer = tp.Tracer(tracing.Scope) }
+}
 
 // WithSource sets the source given to events that carry none.
 func WithSource(source string) Option { return func(p *Publisher) { p.source = source } }
 
 // New returns a Publisher on js. The streams must exist (events.EnsureStreams).
 func New(js jetstream.JetStream, opts ...Option) *Publisher {
-	p := &Publisher{js: js, source: DefaultSource}
+	p := &Publisher{js: js, source: DefaultSource, tracer: otel.GetTracerProvider().Tracer(tracing.Scope)}
 	for _, o := range opts {
 		o(p)
 	}
@@ -88,12 +100,26 @@ func (p *Publisher) Publish(ctx context.Context, e event.Event) (Ack, error) {
 	if err != nil {
 		return Ack{}, err
 	}
+	// The event carries its trace (the CloudEvents tracing extension):
+	// one the publisher's caller set is continued, else the caller's
+	// span, so a console's trace reaches the worker and its outcome.
+	parent := ctx
+	if tracing.TraceID(e) != "" {
+		parent = tracing.Extract(ctx, e)
+	}
+	ctx, span := p.tracer.Start(parent, "publish "+subject, trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(tracing.EventAttributes(e)...),
+		trace.WithAttributes(attribute.String("messaging.system", "nats"), attribute.String("messaging.operation.type", "send"),
+			attribute.String("messaging.destination.name", subject)))
+	defer span.End()
+	tracing.Inject(ctx, &e)
 	msg, err := events.Encode(subject, e)
 	if err != nil {
 		return Ack{}, err
 	}
 	pa, err := p.js.PublishMsg(ctx, msg)
 	if err != nil {
+		span.SetStatus(codes.Error, "not stored")
 		return Ack{ID: e.ID()}, fmt.Errorf("publish %s for %s (event %s): %w", e.Type(), e.Subject(), e.ID(), err)
 	}
 	return Ack{ID: e.ID(), Stream: pa.Stream, Sequence: pa.Sequence, Duplicate: pa.Duplicate}, nil

@@ -7,6 +7,10 @@ import (
 	"runtime/debug"
 
 	"github.com/rs/zerolog"
+	"github.com/steward-dev/steward/internal/tracing"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // verdict is what the lane does with a delivery once process returns:
@@ -26,14 +30,22 @@ func (w *Worker) logFor(h *held) zerolog.Logger {
 
 // process runs one delivery to its end and says what the lane does next.
 func (w *Worker) process(h *held) verdict {
-	ctx := w.handlerCtx
+	ctx, span := w.startSpan(h, "process")
+	defer span.End()
 	start := w.now()
 	log := w.logFor(h)
 	if h.deadReason != nil {
 		w.deadLetter(h, Permanent(h.deadReason), log)
+		span.SetAttributes(attribute.String("steward.result", resultDead))
 		return verdict{}
 	}
 	result, behind, err := w.apply(ctx, h, log)
+	defer func() {
+		span.SetAttributes(attribute.String("steward.result", result))
+		if err != nil && result != resultRefused {
+			span.SetStatus(codes.Error, elideSecrets(oneLine(err.Error())))
+		}
+	}()
 	elapsed := w.now().Sub(start)
 	w.m.duration.Observe(elapsed.Seconds())
 
@@ -129,6 +141,29 @@ func (w *Worker) delivery(h *held, cp checkpoint, rev uint64, log zerolog.Logger
 		backend: (*runtimeBackend)(w), name: w.spec.Name, instance: w.spec.Instance, noun: w.spec.OutcomeNoun, now: w.o.now,
 		lane: h.lane, cp: cp, cpRev: rev,
 	}
+}
+
+// startSpan starts the span of one delivery (or of settling it as
+// superseded) in the trace of its publisher, as the CloudEvents tracing
+// extension carries it, with OpenTelemetry's messaging and CloudEvents
+// attributes. The handler gets its context, so outcomes continue it.
+func (w *Worker) startSpan(h *held, operation string) (context.Context, trace.Span) {
+	return w.tracer.Start(tracing.Extract(w.handlerCtx, h.event), operation+" "+w.consumerName(),
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(tracing.EventAttributes(h.event)...),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "nats"),
+			attribute.String("messaging.operation.type", "process"),
+			attribute.String("messaging.operation.name", operation),
+			attribute.String("messaging.destination.name", h.msg.Subject()),
+			attribute.String("messaging.consumer.group.name", w.consumerName()),
+			attribute.String("messaging.message.id", h.event.ID()),
+			attribute.String("steward.worker", w.spec.Name),
+			attribute.String("steward.instance", w.spec.Instance),
+			attribute.String("steward.key", h.key),
+			attribute.Int64("steward.stream.sequence", int64(h.seq)),
+			attribute.Int64("steward.attempt", int64(h.delivered+h.attempts)),
+		))
 }
 
 // panicError is a handler panic turned into a failure.

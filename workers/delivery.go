@@ -11,8 +11,10 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/tracing"
 )
 
 // Delivery is one event handed to a Handler, with what the runtime knows of
@@ -146,6 +148,16 @@ func (d *Delivery) State() *State { return d.backend.State() }
 // data.
 func (d *Delivery) Emit(ctx context.Context, outcome string, data any) error {
 	e, err := d.outcome(outcome, data)
+	if err == nil {
+		// The outcome continues the delivery's span, or, when nothing
+		// traces here, the event's own trace: a console that started a
+		// trace finds the outcome in it either way.
+		tctx := ctx
+		if !trace.SpanContextFromContext(ctx).IsValid() {
+			tctx = tracing.Extract(ctx, d.Event)
+		}
+		tracing.Inject(tctx, &e)
+	}
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 )
 
 type options struct {
@@ -19,6 +20,7 @@ type options struct {
 	maxPanics      int
 	statusInterval time.Duration
 	onSettled      func(Settlement)
+	tracerProvider trace.TracerProvider
 	newBackoff     func() backoff.BackOff
 	logger         zerolog.Logger
 	registerer     prometheus.Registerer
@@ -85,6 +87,13 @@ func WithMaxPanics(n int) Option { return func(o *options) { o.maxPanics = n } }
 // WithStatusInterval sets how often, at most, the status document of the
 // keys being retried is written (StatusKey).
 func WithStatusInterval(d time.Duration) Option { return func(o *options) { o.statusInterval = d } }
+
+// WithTracerProvider sets where the runtime's spans go (one per delivery,
+// in the trace its event carries); the default is the global provider,
+// which internal/tracing sets from the OTEL_* environment.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(o *options) { o.tracerProvider = tp }
+}
 
 // WithSettledHook calls fn once the ack of every settled event is
 // confirmed (benchmarks and tests measure publish-to-settled with it). fn

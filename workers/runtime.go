@@ -12,8 +12,11 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/tracing"
 )
 
 // Worker is the runtime of one worker instance: it runs one Handler over
@@ -34,6 +37,7 @@ type Worker struct {
 	state    *State
 	log      zerolog.Logger
 	m        *instanceMetrics
+	tracer   trace.Tracer
 
 	running  atomic.Bool
 	stopping atomic.Bool
@@ -135,6 +139,11 @@ func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts
 		m:     newMetrics(o.registerer).forInstance(spec.Name, spec.Instance),
 	}
 	w.log = o.logger.With().Str("worker", spec.Name).Str("instance", spec.Instance).Logger()
+	tp := o.tracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	w.tracer = tp.Tracer(tracing.Scope)
 
 	kv, err := ensureBus(ctx, js, o.replicas)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/attribute"
 )
 
 // ack confirms a settled event. The checkpoint already says it is settled,
@@ -35,7 +36,9 @@ func (w *Worker) ack(h *held, result string, log zerolog.Logger) {
 // verified ordering: the checkpoint, an outcome, the ack. It reports false
 // when the checkpoint could not be written, and then h is tried again.
 func (w *Worker) supersede(h *held, byID string, bySeq uint64) bool {
-	ctx := w.handlerCtx
+	ctx, span := w.startSpan(h, "supersede")
+	defer span.End()
+	span.SetAttributes(attribute.String("steward.result", resultSuperseded), attribute.String("steward.superseded_by", byID))
 	log := w.logFor(h)
 	cp, rev, _, err := w.checkpointFor(ctx, h)
 	if err == nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
@@ -27,6 +28,21 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
 )
+
+// Scope is the instrumentation scope of Steward's spans.
+const Scope = "github.com/steward-dev/steward"
+
+// EventAttributes are the CloudEvents semantic-convention attributes of e.
+// None of them is a secret: ids, types, sources and keys only.
+func EventAttributes(e event.Event) []attribute.KeyValue {
+	return []attribute.KeyValue{
+		attribute.String("cloudevents.event_id", e.ID()),
+		attribute.String("cloudevents.event_source", e.Source()),
+		attribute.String("cloudevents.event_spec_version", e.SpecVersion()),
+		attribute.String("cloudevents.event_type", e.Type()),
+		attribute.String("cloudevents.event_subject", e.Subject()),
+	}
+}
 
 // Enabled reports whether the environment asks for traces to be exported:
 // an OTLP endpoint is set, or OTEL_TRACES_EXPORTER is otlp, and neither
