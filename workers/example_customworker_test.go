@@ -112,7 +112,9 @@ func DevMOTD(_ context.Context, dir string) (MOTDConfig, []string, error) {
 // which builds the workers.Package below, and gives it `steward worker
 // motd`, `steward replay motd` and a place in `steward dev`.
 func Example_customWorker() {
-	t := &testing.T{} // in a test, the test's own *testing.T
+	// In a test, use the test's own t; an example has none, so exampleTB
+	// panics on the first failure, which fails the example all the same.
+	var t testing.TB = exampleTB{}
 	pkg := workers.Package[MOTDConfig, *MOTD]{Name: "motd", AddFlags: (*MOTDConfig).AddFlags, New: NewMOTD, Dev: DevMOTD}
 
 	// As `steward worker motd --hive h1 --motd-path ...` would build it.
@@ -145,3 +147,16 @@ func Example_customWorker() {
 	// [refused] [refused] version 1 is not above 2
 	// client client-2
 }
+
+// exampleTB is the testing.TB an example hands to workertest, which
+// reports through it: the first failure panics with the message. (A zero
+// testing.T is no substitute: its Fatal ends the example's goroutine.)
+// Only the methods workertest calls in memory are implemented; the
+// embedded interface is nil.
+type exampleTB struct{ testing.TB }
+
+func (exampleTB) Helper()                           {}
+func (exampleTB) Error(args ...any)                 { panic(fmt.Sprint(args...)) }
+func (exampleTB) Errorf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
+func (exampleTB) Fatal(args ...any)                 { panic(fmt.Sprint(args...)) }
+func (exampleTB) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
