@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/rs/zerolog"
+	"github.com/steward-dev/steward/workers/workertest"
 )
 
 // foreignUID stands for another local user: the tests run as root, so a
@@ -177,11 +177,17 @@ func TestPlantedPairsAreNotBelieved(t *testing.T) {
 			}
 			ww := *w
 			ww.dir = dir
-			r := ww.rotate(rotation(t, recipient, 1, "client-1", "s3cr3t-1"), "ev-attack", "", noSave, zerolog.Nop())
-			if r.outcome != "" || r.err == nil || !strings.Contains(r.err.Error(), c.want) || !strings.Contains(r.err.Error(), "ev-attack") {
-				t.Fatalf("rotation %d: outcome %q, error %v; want a retried error naming %q and the event", i, r.outcome, r.err, c.want)
+			e := rotationEvent(t, rotation(t, recipient, 1, "client-1", "s3cr3t-1"))
+			r := workertest.Work(t, ww.Spec(), &ww, e)
+			// Retried with no outcome: a folder a person can fix is never
+			// a refusal, and never taken for "nothing applied".
+			r.AssertVerdicts(workertest.Retried)
+			r.AssertOutcomes()
+			err = r.Err()
+			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), e.ID()) {
+				t.Fatalf("rotation %d: error %v; want a retried error naming %q and the event", i, err, c.want)
 			}
-			if strings.Contains(r.err.Error(), "s3cr3t") || strings.Contains(r.err.Error(), "attacker-secret") {
+			if strings.Contains(err.Error(), "s3cr3t") || strings.Contains(err.Error(), "attacker-secret") {
 				t.Fatal("a secret is in the error")
 			}
 		})

@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	"github.com/cloudevents/sdk-go/v2/event"
-	"github.com/rs/zerolog"
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/agekey"
@@ -47,19 +46,17 @@ func newTestWorker(t testing.TB) (*Worker, string) {
 	return w, recipient
 }
 
-// noSave accepts every stage.
-func noSave(string) error { return nil }
-
-// rotate runs one rotation through the handler's apply on a Delivery in
-// memory (workers.NewDelivery), with no runtime in front: inputs the schema
-// stops first still reach the handler's own checks. savedFolder is the
-// stage an earlier delivery saved; save sees (and may fail) each stage the
-// rotation saves. Tests that can go through the runtime's rules use
-// workertest.Runner instead.
-func (w *Worker) rotate(data events.CredentialRotated, eventID, savedFolder string, save func(string) error, log zerolog.Logger) result {
+// handleUnchecked runs Handle on one rotation through a Delivery in memory
+// (workers.NewDelivery) with no runtime in front, so data the schema stops
+// on the bus (an empty field, another hive) still reaches the handler's own
+// checks, and several writers can share one credential folder. It returns
+// the handler's error and the outcomes it emitted. Everything the runtime
+// would let through goes through workertest.Work instead.
+func handleUnchecked(t testing.TB, w *Worker, data events.CredentialRotated, eventID string) (error, []event.Event) {
+	t.Helper()
 	raw, err := json.Marshal(data)
 	if err != nil {
-		panic(err)
+		t.Fatal(err)
 	}
 	e := event.New()
 	e.SetID(eventID)
@@ -67,34 +64,36 @@ func (w *Worker) rotate(data events.CredentialRotated, eventID, savedFolder stri
 	e.SetType(events.TypeCredentialRotated)
 	e.SetSubject(data.Hive)
 	if err := e.SetData(events.ContentTypeJSON, raw); err != nil {
-		panic(err)
+		t.Fatal(err)
 	}
-	var st json.RawMessage
-	if savedFolder != "" {
-		st, _ = json.Marshal(stage{Folder: savedFolder})
-	}
-	d := workers.NewDelivery(w.Spec(), e, 1, 1, st, stageSaver{save: save, state: workers.NewMemoryState()})
-	d.Log = log
-	return w.apply(context.Background(), d, data)
+	b := &recorder{state: workers.NewMemoryState()}
+	err = w.Handle(context.Background(), workers.NewDelivery(w.Spec(), e, 1, 1, nil, b))
+	return err, b.emitted
 }
 
-// stageSaver is a workers.Backend that hands stages to a test's function.
-type stageSaver struct {
-	save  func(string) error
-	state *workers.State
-}
-
-func (s stageSaver) Emit(context.Context, event.Event) error { return nil }
-
-func (s stageSaver) SaveStage(_ context.Context, _ *workers.Delivery, raw json.RawMessage) error {
-	var st stage
-	if err := json.Unmarshal(raw, &st); err != nil {
-		return err
+func outcomeNames(list []event.Event) []string {
+	var out []string
+	for _, e := range list {
+		out = append(out, workertest.OutcomeName(e))
 	}
-	return s.save(st.Folder)
+	return out
 }
 
-func (s stageSaver) State() *workers.State { return s.state }
+// recorder is the workers.Backend of handleUnchecked: it keeps the
+// outcomes and accepts every stage.
+type recorder struct {
+	emitted []event.Event
+	state   *workers.State
+}
+
+func (r *recorder) Emit(_ context.Context, e event.Event) error {
+	r.emitted = append(r.emitted, e)
+	return nil
+}
+
+func (r *recorder) SaveStage(context.Context, *workers.Delivery, json.RawMessage) error { return nil }
+
+func (r *recorder) State() *workers.State { return r.state }
 
 // openAt opens the credential folder as a rotation does, for a test.
 func openAt(t testing.TB, dir string) *folder {
@@ -146,10 +145,9 @@ func state(t *testing.T, dir string) string {
 // the schema alone.
 func TestHandlerRefusesEmptyFields(t *testing.T) {
 	w, recipient := newTestWorker(t)
-	log := zerolog.Nop()
-	if r := w.rotate(rotation(t, recipient, 1, "client-1", "s3cr3t-1"), "ev-1", "", noSave, log); r.outcome != OutcomeApplied || r.err != nil {
-		t.Fatalf("first rotation: %s %v", r.outcome, r.err)
-	}
+	first := workertest.Work(t, w.Spec(), w, rotationEvent(t, rotation(t, recipient, 1, "client-1", "s3cr3t-1")))
+	first.AssertVerdicts(workertest.Applied)
+	first.AssertOutcomes(OutcomeApplied)
 	before := state(t, w.dir)
 	good := rotation(t, recipient, 2, "client-2", "s3cr3t-2")
 	cases := map[string]events.CredentialRotated{
@@ -163,16 +161,16 @@ func TestHandlerRefusesEmptyFields(t *testing.T) {
 		"another hive's event": {Hive: "h2", Version: 2, ClientID: "client-2", Secret: good.Secret},
 	}
 	for name, data := range cases {
-		r := w.rotate(data, "ev-"+name, "", noSave, log)
-		if r.outcome != OutcomeRefused || !workers.IsRefused(r.err) || workers.IsPermanent(r.err) {
-			t.Errorf("%s: outcome %q, error %v; want a refusal (workers.Refused, not a dead letter)", name, r.outcome, r.err)
+		err, emitted := handleUnchecked(t, w, data, "ev-"+name)
+		if len(emitted) != 1 || workertest.OutcomeName(emitted[0]) != OutcomeRefused || !workers.IsRefused(err) || workers.IsPermanent(err) {
+			t.Errorf("%s: outcomes %v, error %v; want one refused outcome and a refusal (workers.Refused, not a dead letter)", name, outcomeNames(emitted), err)
 			continue
 		}
-		ref := r.data.(Refused)
-		if ref.Reason == "" || !strings.Contains(r.err.Error(), "ev-"+name) {
-			t.Errorf("%s: the refusal %q (error %q) does not say why or name the event", name, ref.Reason, r.err)
+		ref := workertest.DataAs[Refused](t, emitted[0], events.OutcomeType(Name, OutcomeRefused))
+		if ref.Reason == "" || !strings.Contains(err.Error(), "ev-"+name) {
+			t.Errorf("%s: the refusal %q (error %q) does not say why or name the event", name, ref.Reason, err)
 		}
-		if strings.Contains(r.err.Error(), "s3cr3t") || strings.Contains(ref.Reason, "s3cr3t") {
+		if strings.Contains(err.Error(), "s3cr3t") || strings.Contains(ref.Reason, "s3cr3t") {
 			t.Errorf("%s: a secret is in the refusal", name)
 		}
 		if got := state(t, w.dir); got != before {
@@ -240,7 +238,6 @@ func TestReadAppliedNeverTakesAnUnreadableStateForNone(t *testing.T) {
 // TestResumeAfterCrash plays the crashes between the steps of a rotation.
 func TestResumeAfterCrash(t *testing.T) {
 	w, recipient := newTestWorker(t)
-	log := zerolog.Nop()
 	data := rotation(t, recipient, 1, "client-1", "s3cr3t-1")
 
 	// Crash after the swap, before the stable links: the redelivery (with
@@ -272,9 +269,11 @@ func TestResumeAfterCrash(t *testing.T) {
 	// Without a stage (another event of the same version) it is skipped,
 	// and missing links are put back all the same.
 	os.Remove(filepath.Join(w.dir, SecretFile))
-	r := w.rotate(data, "ev-dup", "", noSave, log)
-	if r.outcome != OutcomeSkipped || !workers.IsRefused(r.err) || r.data.(Skipped).Applied != 1 {
-		t.Fatalf("duplicate version: %s %+v %v", r.outcome, r.data, r.err)
+	dup := workertest.Work(t, w.Spec(), w, rotationEvent(t, data))
+	dup.AssertVerdicts(workertest.Refused)
+	dup.AssertOutcomes(OutcomeSkipped)
+	if sk := workertest.OutcomeAs[Skipped](dup, OutcomeSkipped); sk.Applied != 1 || sk.Version != 1 {
+		t.Fatalf("duplicate version: skipped %+v, want version 1 below applied 1", sk)
 	}
 	if s, err := os.ReadFile(filepath.Join(w.dir, SecretFile)); err != nil || string(s) != "s3cr3t-1" {
 		t.Fatalf("the secret link was not repaired: %v", err)
@@ -288,9 +287,9 @@ func TestResumeAfterCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	fo.close()
-	if r := w.rotate(rotation(t, recipient, 2, "client-2", "s3cr3t-2"), "ev-2", "", noSave, log); r.outcome != OutcomeApplied {
-		t.Fatalf("after an orphan: %s %v", r.outcome, r.err)
-	}
+	after := workertest.Work(t, w.Spec(), w, rotationEvent(t, rotation(t, recipient, 2, "client-2", "s3cr3t-2")))
+	after.AssertVerdicts(workertest.Applied)
+	after.AssertOutcomes(OutcomeApplied)
 	if _, err := os.Stat(filepath.Join(w.dir, orphan)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the orphan %s is still there: %v", orphan, err)
 	}
@@ -326,12 +325,11 @@ func TestParseVersionFolder(t *testing.T) {
 func BenchmarkRotate(b *testing.B) {
 	w, recipient := newTestWorker(b)
 	data := rotation(b, recipient, 1, "client", "s3cr3t")
-	log := zerolog.Nop()
 	b.ResetTimer()
 	for i := range b.N {
 		data.Version = uint64(i + 1)
-		if r := w.rotate(data, "ev", "", noSave, log); r.outcome != OutcomeApplied {
-			b.Fatalf("%s %v", r.outcome, r.err)
+		if err, emitted := handleUnchecked(b, w, data, "ev"); err != nil || len(emitted) != 1 || workertest.OutcomeName(emitted[0]) != OutcomeApplied {
+			b.Fatalf("outcomes %v, error %v; want applied", outcomeNames(emitted), err)
 		}
 	}
 }
@@ -375,8 +373,8 @@ func TestConcurrentWritersNeverRollBack(t *testing.T) {
 			for v := uint64(1 + i); v <= top; v += 2 {
 				data := events.CredentialRotated{Hive: "h1", Version: v, ClientID: fmt.Sprintf("client-%d", v), Secret: ciphertext}
 				// A version the other writer overtook is refused as stale.
-				if r := w.rotate(data, "ev", "", noSave, zerolog.Nop()); r.err != nil && !workers.IsRefused(r.err) {
-					errs <- r.err
+				if err, _ := handleUnchecked(t, w, data, "ev"); err != nil && !workers.IsRefused(err) {
+					errs <- err
 					return
 				}
 			}
