@@ -33,13 +33,10 @@ func TestHandlerEndToEnd(t *testing.T) {
 	workertest.PublishData(t, js, events.TypeGrantChanged, testMachine, e.grant(1, giv{"a", e.db("a"), "p-first"}))
 	workertest.WaitIdle(t, js, run.ConsumerName())
 	outs := workertest.Outcomes(t, js, Name, testMachine)
-	if len(outs) != 1 || outs[0].Type() != "dev.steward.grant.applied.v1" {
+	if len(outs) != 1 {
 		t.Fatalf("outcomes %v, want one applied", types(outs))
 	}
-	var applied Applied
-	if err := outs[0].DataAs(&applied); err != nil {
-		t.Fatal(err)
-	}
+	applied := workertest.DataAs[Applied](t, outs[0], typeApplied)
 	assertNames(t, "created roles", applied.Created.Roles, []string{e.role("a")})
 	assertNames(t, "created databases", applied.Created.Databases, []string{e.db("a")})
 	if applied.Generation != 1 || applied.Machine != testMachine {
@@ -81,14 +78,12 @@ func TestHandlerEndToEnd(t *testing.T) {
 		t.Fatalf("outcomes after the attack: %v", types(outs))
 	}
 	for i, rule := range wantRules {
-		var r Refused
-		if outs[i].Type() != "dev.steward.grant.refused.v1" || outs[i].DataAs(&r) != nil || r.Rule != rule || r.Consumer != "b" || r.Generation != 2 {
-			t.Errorf("outcome %d: %s %s, want refused by %s for consumer b", i, outs[i].Type(), outs[i].Data(), rule)
+		if r := workertest.DataAs[Refused](t, outs[i], typeRefused); r.Rule != rule || r.Consumer != "b" || r.Generation != 2 {
+			t.Errorf("outcome %d: %s, want refused by %s for consumer b", i, outs[i].Data(), rule)
 		}
 	}
-	var skipped Skipped
-	if last := outs[len(outs)-1]; last.Type() != "dev.steward.grant.skipped.v1" || last.DataAs(&skipped) != nil || skipped.Applied != 1 || skipped.Generation != 1 {
-		t.Errorf("last outcome %s %s, want skipped generation 1 below applied 1", last.Type(), last.Data())
+	if skipped := workertest.DataAs[Skipped](t, outs[len(outs)-1], typeSkipped); skipped.Applied != 1 || skipped.Generation != 1 {
+		t.Errorf("last outcome %+v, want skipped generation 1 below applied 1", skipped)
 	}
 	// A refusal is settled with its outcome, never a dead letter: only the
 	// two events the runtime finds invalid are dead-lettered.
@@ -129,9 +124,7 @@ func TestHandlerEndToEnd(t *testing.T) {
 	workertest.PublishData(t, js, events.TypeGrantChanged, testMachine, e.grant(3, giv{"a", e.db("a"), "p-third"}, giv{"b", e.db("b"), "p-b"}))
 	workertest.WaitIdle(t, js, run.ConsumerName())
 	all := workertest.Outcomes(t, js, Name, testMachine)
-	if err := all[len(all)-1].DataAs(&applied); err != nil || all[len(all)-1].Type() != "dev.steward.grant.applied.v1" {
-		t.Fatalf("last outcome %s: %v", all[len(all)-1].Type(), err)
-	}
+	applied = workertest.DataAs[Applied](t, all[len(all)-1], typeApplied)
 	assertNames(t, "altered roles", applied.Altered.Roles, []string{e.role("a")})
 	assertNames(t, "created roles", applied.Created.Roles, []string{e.role("b")})
 }
@@ -152,24 +145,16 @@ func TestHandleRefusesAnotherMachine(t *testing.T) {
 	} {
 		g := e.grant(1, giv{"a", e.db("a"), "p"})
 		c.patch(&g)
-		var emitted []Refused
-		err := w.handleGrant(context.Background(), g, func(o string, data any) error {
-			if o != OutcomeRefused {
-				t.Fatalf("%s: emitted %s", c.rule, o)
-			}
-			var r Refused
-			if err := json.Unmarshal(data.(json.RawMessage), &r); err != nil {
-				t.Fatal(err)
-			}
-			emitted = append(emitted, r)
-			return nil
-		})
+		err, emitted := handleUnchecked(t, w, g)
 		var r *refusal
 		if !errors.As(err, &r) || r.Rule != c.rule || !workers.IsRefused(err) {
 			t.Fatalf("%s: got %v", c.rule, err)
 		}
-		if len(emitted) != 1 || emitted[0].Rule != c.rule || emitted[0].Machine != testMachine || emitted[0].Reason == "" {
-			t.Fatalf("%s: emitted %+v", c.rule, emitted)
+		if len(emitted) != 1 {
+			t.Fatalf("%s: emitted %v, want one refused outcome", c.rule, types(emitted))
+		}
+		if got := workertest.DataAs[Refused](t, emitted[0], typeRefused); got.Rule != c.rule || got.Machine != testMachine || got.Reason == "" {
+			t.Fatalf("%s: emitted %+v", c.rule, got)
 		}
 		if len(e.markedRoles()) != 0 {
 			t.Fatalf("%s: roles were created", c.rule)
@@ -177,15 +162,17 @@ func TestHandleRefusesAnotherMachine(t *testing.T) {
 	}
 }
 
-// handleGrant runs Handle on a Delivery in memory (workers.NewDelivery),
-// with no runtime in front, so inputs the runtime's validation stops first
-// still reach the handler; emit sees each outcome's name and its data as
-// emitted (JSON). Tests that can go through the runtime's rules use
+// handleUnchecked runs Handle on one grant through a Delivery in memory
+// (workers.NewDelivery) with no runtime in front, so a grant the runtime's
+// validation stops first (another machine, another requirement) still
+// reaches the handler's own checks. It returns the handler's error and the
+// outcomes it emitted. Grants the runtime would let through go through
 // workertest.Work instead.
-func (w *Worker) handleGrant(ctx context.Context, g events.GrantChanged, emit func(outcome string, data any) error) error {
+func handleUnchecked(t testing.TB, w *Worker, g events.GrantChanged) (error, []event.Event) {
+	t.Helper()
 	raw, err := json.Marshal(g)
 	if err != nil {
-		return err
+		t.Fatal(err)
 	}
 	ev := event.New()
 	ev.SetID("grant-" + randomHex(8))
@@ -193,24 +180,28 @@ func (w *Worker) handleGrant(ctx context.Context, g events.GrantChanged, emit fu
 	ev.SetType(events.TypeGrantChanged)
 	ev.SetSubject(testMachine)
 	if err := ev.SetData(events.ContentTypeJSON, raw); err != nil {
-		return err
+		t.Fatal(err)
 	}
-	return w.Handle(ctx, workers.NewDelivery(w.Spec(), ev, 1, 1, nil, emitter{emit: emit, state: workers.NewMemoryState()}))
+	b := &recorder{state: workers.NewMemoryState()}
+	err = w.Handle(context.Background(), workers.NewDelivery(w.Spec(), ev, 1, 1, nil, b))
+	return err, b.emitted
 }
 
-// emitter is a workers.Backend that hands outcomes to a test's function.
-type emitter struct {
-	emit  func(outcome string, data any) error
-	state *workers.State
+// recorder is the workers.Backend of handleUnchecked: it keeps the
+// outcomes and accepts every stage.
+type recorder struct {
+	emitted []event.Event
+	state   *workers.State
 }
 
-func (e emitter) Emit(_ context.Context, o event.Event) error {
-	return e.emit(workertest.OutcomeName(o), json.RawMessage(o.Data()))
+func (r *recorder) Emit(_ context.Context, e event.Event) error {
+	r.emitted = append(r.emitted, e)
+	return nil
 }
 
-func (e emitter) SaveStage(context.Context, *workers.Delivery, json.RawMessage) error { return nil }
+func (r *recorder) SaveStage(context.Context, *workers.Delivery, json.RawMessage) error { return nil }
 
-func (e emitter) State() *workers.State { return e.state }
+func (r *recorder) State() *workers.State { return r.state }
 
 // TestStaleGenerationIsSkippedInMemory runs two grants through the handler
 // with workertest, no NATS server: the second, older one is skipped.
@@ -255,6 +246,13 @@ func publishRaw(t *testing.T, js jetstream.JetStream, subject, key string, data 
 		t.Fatal(err)
 	}
 }
+
+// The outcome types, as the runtime publishes them.
+var (
+	typeApplied = events.OutcomeType(OutcomeNoun, OutcomeApplied)
+	typeRefused = events.OutcomeType(OutcomeNoun, OutcomeRefused)
+	typeSkipped = events.OutcomeType(OutcomeNoun, OutcomeSkipped)
+)
 
 func types(list []event.Event) []string {
 	out := make([]string, len(list))

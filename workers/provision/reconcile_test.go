@@ -8,7 +8,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/workertest"
 )
 
 // TestLifecycle creates two consumers, rotates one password, removes a
@@ -388,19 +390,17 @@ func TestHalfAppliedGrantCompletes(t *testing.T) {
 func TestDatabaseDownIsRetried(t *testing.T) {
 	e := newEnv(t)
 	w := e.workerWith("postgres://postgres@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=2", nil)
-	var emitted []string
-	err := w.handleGrant(context.Background(), e.grant(1, giv{"a", e.db("a"), "p"}), func(o string, _ any) error {
-		emitted = append(emitted, o)
-		return nil
-	})
+	res := workertest.NewRunner(t, w.Spec(), w).WorkData(events.TypeGrantChanged, testMachine, e.grant(1, giv{"a", e.db("a"), "p"}))
+	// Retried, and nothing emitted for a grant that will be retried.
+	res.AssertVerdicts(workertest.Retried)
+	res.AssertOutcomes()
+	res.AssertDeadLetters()
+	err := res.Err()
 	var r *refusal
 	if err == nil || errors.As(err, &r) || workers.IsPermanent(err) {
 		t.Fatalf("got %v, want a retryable error", err)
 	}
 	if !strings.Contains(err.Error(), "unreachable") || !strings.Contains(err.Error(), "127.0.0.1:1") {
 		t.Fatalf("the error does not say which server is unreachable: %v", err)
-	}
-	if len(emitted) != 0 {
-		t.Fatalf("emitted %v for a grant that will be retried", emitted)
 	}
 }
