@@ -5,7 +5,6 @@ import (
 	"crypto"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -316,29 +315,25 @@ func (f *fixture) assertOptEmpty() {
 	}
 }
 
-// outcomes returns the data of the worker's own outcomes of one kind. The
-// runtime's superseded outcomes (a queued event settled because a newer one
-// of its key was behind it, with supersededBy) share the type of join's
+// outcomes returns the data of the worker's own outcomes of one kind, read
+// with workertest's finder and decoded as join emits them (string fields
+// only, so a field of another type fails the test). The runtime's
+// superseded outcomes (a queued event settled because a newer one of its
+// key was behind it, with supersededBy) share the type of join's
 // superseded (an invitation older than the accepted one) and are left out.
 func outcomes(t *testing.T, js jetstream.JetStream, instance, outcome string) []map[string]string {
 	t.Helper()
 	var out []map[string]string
 	for _, e := range workertest.Outcomes(t, js, join.Name, instance) {
-		if e.Type() != events.OutcomeType(join.Name, outcome) {
+		if workertest.OutcomeName(e) != outcome {
 			continue
 		}
-		raw := map[string]any{}
-		if err := e.DataAs(&raw); err != nil {
-			t.Fatalf("outcome %s: %v", e.ID(), err)
+		if outcome == workers.OutcomeSuperseded {
+			if by := workertest.DataAs[workers.Superseded](t, e, e.Type()); by.SupersededBy != "" {
+				continue
+			}
 		}
-		if _, byRuntime := raw["supersededBy"]; byRuntime {
-			continue
-		}
-		m := map[string]string{}
-		for k, v := range raw {
-			m[k] = fmt.Sprint(v)
-		}
-		out = append(out, m)
+		out = append(out, workertest.DataAs[map[string]string](t, e, events.OutcomeType(join.Name, outcome)))
 	}
 	return out
 }
