@@ -57,10 +57,13 @@ body being read, and its connection is closed.`,
 				return err
 			}
 			defer nc.Close()
-			if err := g.retry(ctx, "streams not ready yet", func() error {
-				return events.EnsureStreams(ctx, js, streamConfig(g))
-			}); err != nil {
-				return err
+			// The ingress is a publisher: on a closed bus it may not call
+			// the JetStream API, and creating streams is the operator's
+			// (steward setup). On an open bus it still creates what is
+			// missing; a refusal is only logged, and a missing stream
+			// shows as a publish error naming it.
+			if err := events.CreateMissingStreams(ctx, js, streamConfig(g)); err != nil {
+				g.log.Warn().Err(err).Msg("the streams could not be checked with these credentials; publishing needs them to exist (steward setup)")
 			}
 			reg := newRegistry()
 			mux, err := ingressMux(g, js, reg, tok, maxBody, natsReady(nc))
