@@ -55,7 +55,7 @@ func TestRotationPublishesPairWithModes(t *testing.T) {
 	s1 := "s3cr3t-one-" + randomHex(t)
 	h.publish(1, "client-one", h.encrypt(s1))
 	got := h.waitOutcomes(1)
-	a := outcomeData[credential.Applied](t, got[0], typeApplied)
+	a := workertest.DataAs[credential.Applied](t, got[0], typeApplied)
 	if a != (credential.Applied{Hive: "hive-a", Version: 1, ClientID: "client-one"}) {
 		t.Fatalf("applied outcome %+v", a)
 	}
@@ -81,7 +81,7 @@ func TestRotationPublishesPairWithModes(t *testing.T) {
 			t.Fatalf("outcome %s, want applied", o.Type())
 		}
 	}
-	if dl := h.deadLetters(); len(dl) != 0 {
+	if dl := workertest.DeadLetters(h.t, h.js, credential.Name, h.name); len(dl) != 0 {
 		t.Fatalf("dead letters: %v", dl[0].Reason)
 	}
 	if len(h.logs.lines("info")) == 0 {
@@ -239,7 +239,7 @@ func TestConcurrentReaderSeesMatchedPairs(t *testing.T) {
 		if o.Type() == "dev.steward.credential."+workers.OutcomeSuperseded+".v1" {
 			continue
 		}
-		a := outcomeData[credential.Applied](t, o, typeApplied)
+		a := workertest.DataAs[credential.Applied](t, o, typeApplied)
 		if a.Version <= last {
 			t.Fatalf("outcome %d applied version %d after version %d", i, a.Version, last)
 		}
@@ -317,7 +317,7 @@ func TestRefusalsLeaveFilesInPlace(t *testing.T) {
 		h.publish(r.version, r.clientID, r.secret)
 		outcomes++
 		got := h.waitOutcomes(outcomes)
-		ref := outcomeData[credential.Refused](t, got[outcomes-1], typeRefused)
+		ref := workertest.DataAs[credential.Refused](t, got[outcomes-1], typeRefused)
 		if ref.Hive != h.name || ref.Version != r.version || !strings.Contains(ref.Reason, r.reason) || !strings.Contains(ref.Reason, "left as they were (version 3)") {
 			t.Errorf("%s: refused outcome %+v, want a reason with %q naming version 3 kept", r.name, ref, r.reason)
 		}
@@ -327,7 +327,7 @@ func TestRefusalsLeaveFilesInPlace(t *testing.T) {
 		if n := h.attempts.Load() - attempts; n != 1 {
 			t.Errorf("%s: %d deliveries, want 1 (a refusal is not retried)", r.name, n)
 		}
-		if dl := h.deadLetters(); len(dl) != 0 {
+		if dl := workertest.DeadLetters(h.t, h.js, credential.Name, h.name); len(dl) != 0 {
 			t.Errorf("%s: a refusal was dead-lettered: %s", r.name, dl[0].Reason)
 		}
 		if !h.logged("event refused by the worker's rules", r.reason) {
@@ -335,8 +335,8 @@ func TestRefusalsLeaveFilesInPlace(t *testing.T) {
 		}
 		sameSnapshot(t, r.name, before, snapshot(t, h.cfg.CredentialDir))
 	}
-	wrong := h.outcomes()[2]
-	if ref := outcomeData[credential.Refused](t, wrong, typeRefused); !strings.Contains(ref.Reason, h.recipient) {
+	wrong := workertest.Outcomes(h.t, h.js, credential.Name, h.name)[2]
+	if ref := workertest.DataAs[credential.Refused](t, wrong, typeRefused); !strings.Contains(ref.Reason, h.recipient) {
 		t.Errorf("the wrong-recipient refusal does not name the recipient to encrypt to: %s", ref.Reason)
 	}
 
@@ -346,14 +346,14 @@ func TestRefusalsLeaveFilesInPlace(t *testing.T) {
 		h.publish(v, "client-stale", h.encrypt("s3cr3t-stale-"+randomHex(t)))
 		outcomes++
 		got := h.waitOutcomes(outcomes)
-		sk := outcomeData[credential.Skipped](t, got[outcomes-1], typeSkipped)
+		sk := workertest.DataAs[credential.Skipped](t, got[outcomes-1], typeSkipped)
 		if sk != (credential.Skipped{Hive: h.name, Version: v, Applied: 3}) {
 			t.Errorf("stale version %d: outcome %+v", v, sk)
 		}
 		sameSnapshot(t, fmt.Sprintf("stale version %d", v), before, snapshot(t, h.cfg.CredentialDir))
 	}
 	workertest.WaitIdle(t, js, h.consumer())
-	if dl := h.deadLetters(); len(dl) != 0 {
+	if dl := workertest.DeadLetters(h.t, h.js, credential.Name, h.name); len(dl) != 0 {
 		t.Fatalf("a stale version was dead-lettered: %s", dl[0].Reason)
 	}
 
@@ -396,7 +396,7 @@ func TestRefusalsLeaveFilesInPlace(t *testing.T) {
 	if got := h.attempts.Load(); got != attempts {
 		t.Errorf("the handler ran %d times for events the runtime must refuse", got-attempts)
 	}
-	if n := len(h.outcomes()); n != outcomes {
+	if n := len(workertest.Outcomes(h.t, h.js, credential.Name, h.name)); n != outcomes {
 		t.Errorf("%d outcomes, want %d: invalid events must not reach the handler", n, outcomes)
 	}
 
@@ -439,8 +439,8 @@ func TestAnotherHiveIsRefusedByTheHandler(t *testing.T) {
 	if got[0].Type() != typeApplied {
 		got[0], got[1] = got[1], got[0]
 	}
-	outcomeData[credential.Applied](t, got[0], typeApplied)
-	ref := outcomeData[credential.Refused](t, got[1], typeRefused)
+	workertest.DataAs[credential.Applied](t, got[0], typeApplied)
+	ref := workertest.DataAs[credential.Refused](t, got[1], typeRefused)
 	if ref.Hive != "hive-b" || !strings.Contains(ref.Reason, `this worker serves hive "hive-a"`) {
 		t.Fatalf("refusal %+v", ref)
 	}
@@ -483,7 +483,7 @@ func TestRetryableFailuresAreRetriedThenApplied(t *testing.T) {
 	h.publish(1, "client-one", h.encrypt(s1))
 	workertest.WaitUntil(t, "three failed deliveries", func() bool { return h.attempts.Load() >= 3 })
 	sameSnapshot(t, "while the directory is a file", parent, snapshot(t, filepath.Dir(dir)))
-	if len(h.outcomes()) != 0 || len(h.deadLetters()) != 0 {
+	if len(workertest.Outcomes(h.t, h.js, credential.Name, h.name)) != 0 || len(workertest.DeadLetters(h.t, h.js, credential.Name, h.name)) != 0 {
 		t.Fatal("a retryable failure produced an outcome or a dead letter")
 	}
 	loud := h.logs.lines("error")
@@ -497,7 +497,7 @@ func TestRetryableFailuresAreRetriedThenApplied(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := h.waitOutcomes(1)
-	outcomeData[credential.Applied](t, got[0], typeApplied)
+	workertest.DataAs[credential.Applied](t, got[0], typeApplied)
 	h.checkPair("client-one", s1)
 	if fi, err := os.Lstat(dir); err != nil || fi.Mode() != fs.ModeDir|0o755 {
 		t.Fatalf("the folder the worker made: %v, %v; want drwxr-xr-x", fi.Mode(), err)
@@ -521,12 +521,12 @@ func TestRetryableFailuresAreRetriedThenApplied(t *testing.T) {
 		t.Fatal(err)
 	}
 	got = h.waitOutcomes(2)
-	outcomeData[credential.Applied](t, got[1], typeApplied)
+	workertest.DataAs[credential.Applied](t, got[1], typeApplied)
 	h.checkPair("client-two", s2)
 	if folders := versionFolders(t, dir); len(folders) != 2 {
 		t.Fatalf("failed attempts left version folders behind: %v", folders)
 	}
-	if dl := h.deadLetters(); len(dl) != 0 {
+	if dl := workertest.DeadLetters(h.t, h.js, credential.Name, h.name); len(dl) != 0 {
 		t.Fatalf("dead letter: %s", dl[0].Reason)
 	}
 	h.assertNoSecret()

@@ -49,7 +49,7 @@ func TestMissingFolderIsMadeByTheWorker(t *testing.T) {
 	if len(loud) < 3 || !strings.Contains(loud[0], "the parent "+blocker+" of the credential folder is not a folder") || !strings.Contains(loud[0], "the worker retries") {
 		t.Fatalf("want an error line per delivery naming the file in the way, got %d: %v", len(loud), loud)
 	}
-	if len(h.outcomes()) != 0 || len(h.deadLetters()) != 0 {
+	if len(workertest.Outcomes(h.t, h.js, credential.Name, h.name)) != 0 || len(workertest.DeadLetters(h.t, h.js, credential.Name, h.name)) != 0 {
 		t.Fatal("a folder that cannot be made produced an outcome or a dead letter")
 	}
 
@@ -57,7 +57,7 @@ func TestMissingFolderIsMadeByTheWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := h.waitOutcomes(1)
-	outcomeData[credential.Applied](t, got[0], typeApplied)
+	workertest.DataAs[credential.Applied](t, got[0], typeApplied)
 	h.checkPair("client-one", s1)
 	for _, p := range []string{blocker, filepath.Dir(dir), dir} {
 		fi, err := os.Lstat(p)
@@ -94,7 +94,7 @@ func TestLinkInTheFolderPlaceIsNotFollowed(t *testing.T) {
 	if entries, _ := os.ReadDir(elsewhere); len(entries) != 0 {
 		t.Fatalf("the worker wrote through the link: %v", entries)
 	}
-	if len(h.outcomes()) != 0 || len(h.deadLetters()) != 0 {
+	if len(workertest.Outcomes(h.t, h.js, credential.Name, h.name)) != 0 || len(workertest.DeadLetters(h.t, h.js, credential.Name, h.name)) != 0 {
 		t.Fatal("the link produced an outcome or a dead letter")
 	}
 	if err := os.Remove(dir); err != nil {
@@ -103,7 +103,7 @@ func TestLinkInTheFolderPlaceIsNotFollowed(t *testing.T) {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	outcomeData[credential.Applied](t, h.waitOutcomes(1)[0], typeApplied)
+	workertest.DataAs[credential.Applied](t, h.waitOutcomes(1)[0], typeApplied)
 	h.checkPair("client-one", s1)
 	h.assertNoSecret()
 }
@@ -159,8 +159,8 @@ func TestPlantedPairIsNotTheAppliedOne(t *testing.T) {
 	if !strings.Contains(loud[0], dir+" is writable by group or others (mode drwxrwxrwx) without the sticky bit") || !strings.Contains(loud[0], "the pair was not written") {
 		t.Fatalf("the error line does not name the state found and what follows: %v", loud[0])
 	}
-	if len(h.outcomes()) != 0 {
-		t.Fatalf("the rotation was settled (%s) while the folder is open to everyone", h.outcomes()[0].Type())
+	if len(workertest.Outcomes(h.t, h.js, credential.Name, h.name)) != 0 {
+		t.Fatalf("the rotation was settled (%s) while the folder is open to everyone", workertest.Outcomes(h.t, h.js, credential.Name, h.name)[0].Type())
 	}
 
 	// Closed, the folder still holds the planted ..data.
@@ -171,14 +171,14 @@ func TestPlantedPairIsNotTheAppliedOne(t *testing.T) {
 	if want := filepath.Join(dir, credential.DataLink) + " is owned by uid 65534"; !strings.Contains(loud[len(loud)-1], want) {
 		t.Fatalf("the error line does not say %q: %v", want, loud[len(loud)-1])
 	}
-	if len(h.outcomes()) != 0 || len(h.deadLetters()) != 0 {
+	if len(workertest.Outcomes(h.t, h.js, credential.Name, h.name)) != 0 || len(workertest.DeadLetters(h.t, h.js, credential.Name, h.name)) != 0 {
 		t.Fatal("the planted pair produced an outcome or a dead letter")
 	}
 
 	if err := os.Remove(filepath.Join(dir, credential.DataLink)); err != nil {
 		t.Fatal(err)
 	}
-	a := outcomeData[credential.Applied](t, h.waitOutcomes(1)[0], typeApplied)
+	a := workertest.DataAs[credential.Applied](t, h.waitOutcomes(1)[0], typeApplied)
 	if a.Version != 1 {
 		t.Fatalf("applied %+v", a)
 	}
@@ -218,7 +218,7 @@ func TestDataLinkToAFolderElsewhereIsNotBelieved(t *testing.T) {
 	if !strings.Contains(loud[0], "points to ..v999-x, which is a symbolic link") || !strings.Contains(loud[0], outside) {
 		t.Fatalf("the error line does not name the link and where it leads: %v", loud[0])
 	}
-	if len(h.outcomes()) != 0 || len(h.deadLetters()) != 0 {
+	if len(workertest.Outcomes(h.t, h.js, credential.Name, h.name)) != 0 || len(workertest.DeadLetters(h.t, h.js, credential.Name, h.name)) != 0 {
 		t.Fatalf("the rotation was settled while ..data leads outside the folder")
 	}
 	for _, name := range []string{credential.DataLink, "..v999-x"} {
@@ -226,7 +226,7 @@ func TestDataLinkToAFolderElsewhereIsNotBelieved(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	outcomeData[credential.Applied](t, h.waitOutcomes(1)[0], typeApplied)
+	workertest.DataAs[credential.Applied](t, h.waitOutcomes(1)[0], typeApplied)
 	h.checkPair("client-one", s1)
 	if entries, _ := os.ReadDir(outside); len(entries) != 1 {
 		t.Fatalf("the folder elsewhere changed: %v", entries)

@@ -182,20 +182,12 @@ func (h *hive) logged(parts ...string) bool {
 	return false
 }
 
-func (h *hive) outcomes() []event.Event {
-	return workertest.Outcomes(h.t, h.js, credential.Name, h.name)
-}
-
-func (h *hive) deadLetters() []events.DeadLetter {
-	return workertest.DeadLetters(h.t, h.js, credential.Name, h.name)
-}
-
 // waitOutcomes waits until n outcomes exist and returns them.
 func (h *hive) waitOutcomes(n int) []event.Event {
 	h.t.Helper()
 	var got []event.Event
 	workertest.WaitUntil(h.t, fmt.Sprintf("%d outcomes of %s", n, h.name), func() bool {
-		got = h.outcomes()
+		got = workertest.Outcomes(h.t, h.js, credential.Name, h.name)
 		return len(got) >= n
 	})
 	if len(got) != n {
@@ -208,7 +200,7 @@ func (h *hive) waitDeadLetters(n int) []events.DeadLetter {
 	h.t.Helper()
 	var got []events.DeadLetter
 	workertest.WaitUntil(h.t, fmt.Sprintf("%d dead letters of %s", n, h.name), func() bool {
-		got = h.deadLetters()
+		got = workertest.DeadLetters(h.t, h.js, credential.Name, h.name)
 		return len(got) >= n
 	})
 	if len(got) != n {
@@ -324,11 +316,11 @@ func (h *hive) assertNoSecret(errs ...error) {
 	h.t.Helper()
 	var places []string
 	places = append(places, "logs\x00"+h.logs.String())
-	for _, o := range h.outcomes() {
+	for _, o := range workertest.Outcomes(h.t, h.js, credential.Name, h.name) {
 		raw, _ := json.Marshal(o)
 		places = append(places, "outcome "+o.ID()+"\x00"+string(raw))
 	}
-	for _, dl := range h.deadLetters() {
+	for _, dl := range workertest.DeadLetters(h.t, h.js, credential.Name, h.name) {
 		raw, _ := json.Marshal(dl.Headers)
 		places = append(places, fmt.Sprintf("dead letter %d\x00%s %s", dl.Sequence, raw, dl.Data))
 	}
@@ -350,15 +342,11 @@ func (h *hive) assertNoSecret(errs ...error) {
 	}
 }
 
-func outcomeData[T any](t *testing.T, e event.Event, wantType string) T {
-	t.Helper()
-	return workertest.DataAs[T](t, e, wantType)
-}
-
-const (
-	typeApplied = "dev.steward.credential.applied.v1"
-	typeSkipped = "dev.steward.credential.skipped.v1"
-	typeRefused = "dev.steward.credential.refused.v1"
+// The outcome types, as the runtime publishes them.
+var (
+	typeApplied = events.OutcomeType(credential.Name, credential.OutcomeApplied)
+	typeSkipped = events.OutcomeType(credential.Name, credential.OutcomeSkipped)
+	typeRefused = events.OutcomeType(credential.Name, credential.OutcomeRefused)
 )
 
 func isNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }

@@ -51,7 +51,7 @@ func TestAgeCommandLineInterop(t *testing.T) {
 	}
 	h.publish(1, "client-cli", string(ciphertext))
 	got := h.waitOutcomes(1)
-	outcomeData[credential.Applied](t, got[0], typeApplied)
+	workertest.DataAs[credential.Applied](t, got[0], typeApplied)
 	h.checkPair("client-cli", secret)
 
 	// age-keygen's identity file is one New accepts.

@@ -118,7 +118,7 @@ func TestOnChangeRunsOncePerAppliedVersion(t *testing.T) {
 	h.start(h.w.Spec())
 	onChangeOf := func(o int) credential.OnChange {
 		t.Helper()
-		a := outcomeData[credential.Applied](t, h.outcomes()[o], typeApplied)
+		a := workertest.DataAs[credential.Applied](t, workertest.Outcomes(h.t, h.js, credential.Name, h.name)[o], typeApplied)
 		if a.OnChange == nil {
 			t.Fatalf("applied outcome %d has no onChange: %+v", o, a)
 		}
@@ -137,7 +137,7 @@ func TestOnChangeRunsOncePerAppliedVersion(t *testing.T) {
 	}
 	// The same version again (another event): skipped, the command not run.
 	h.publish(1, "client-1", h.encrypt("s3cr3t-again-"+randomHex(t)))
-	outcomeData[credential.Skipped](t, h.waitOutcomes(2)[1], typeSkipped)
+	workertest.DataAs[credential.Skipped](t, h.waitOutcomes(2)[1], typeSkipped)
 
 	// A failing command: reported, counted, logged; the pair stays.
 	rotate(2)
