@@ -27,8 +27,9 @@ func newExportCmd(g *globals) *cobra.Command {
 		Long: `Write the events of a stream range in the CloudEvents JSON format, one per line,
 to stdout or --out: the form 'steward publish --file' and workertest.PublishFile
 read back. The range ends at the last message stored when the export starts.
-A message that is not a CloudEvent (a malformed dead letter) is reported on
-stderr and left out.`,
+A message that is not a CloudEvent (a malformed dead letter), or an event whose
+stored data is broken, is reported on stderr with its sequence and left out;
+the export goes on. Progress is reported on stderr when it takes over a second.`,
 		Example: `  steward export --since 24h > yesterday.jsonl
   steward export --subject 'steward.events.credential.rotated.>' --from-seq 100 --limit 50 --out rotations.jsonl`,
 		Args: cobra.NoArgs,
@@ -52,23 +53,40 @@ stderr and left out.`,
 				w = cmd.OutOrStdout()
 			}
 			n, skipped := 0, 0
+			stderr := cmd.ErrOrStderr()
+			prog := startProgress(stderr, w, "exported")
+			r.Total = prog.setTotal
+			var line bytes.Buffer
 			err = streamread.Each(cmd.Context(), js, r, func(m jetstream.Msg) error {
+				prog.add(1)
+				var seq uint64
+				if meta, _ := m.Metadata(); meta != nil {
+					seq = meta.Sequence.Stream
+				}
 				e, err := events.Decode(m.Headers(), m.Data())
+				if err == nil {
+					// An event whose stored data is not what its content
+					// type says (broken JSON) decodes but cannot be
+					// written: write each line aside first, so one broken
+					// event is reported and left out, never the end of the
+					// export.
+					line.Reset()
+					if werr := events.WriteJSONL(&line, e); werr != nil {
+						err = fmt.Errorf("event %s cannot be written as JSON (its data is not valid %s): %w", e.ID(), e.DataContentType(), werr)
+					}
+				}
 				if err != nil {
 					skipped++
-					meta, _ := m.Metadata()
-					var seq uint64
-					if meta != nil {
-						seq = meta.Sequence.Stream
-					}
-					fmt.Fprintf(cmd.ErrOrStderr(), "seq %d on %s is left out: %v\n", seq, m.Subject(), err)
+					fmt.Fprintln(stderr, escapeControl(fmt.Sprintf("seq %d on %s is left out: %v", seq, m.Subject(), err)))
 					return nil
 				}
 				n++
-				return events.WriteJSONL(w, e)
-			})
-			if err != nil {
+				_, err = w.Write(line.Bytes())
 				return err
+			})
+			prog.finish()
+			if err != nil {
+				return withServerHint(g, err)
 			}
 			if out != "" {
 				// Written whole or not at all: a half export looks complete.

@@ -43,7 +43,8 @@ the plaintext never travels (credential.rotated).
 
 Each stored event is printed with its stream sequence and whether JetStream
 already held it (duplicate=true: same id inside the dedupe window, nothing new
-stored).`,
+stored). With --file, progress goes to stderr when publishing takes over a
+second.`,
 		Example: `  steward publish --type dev.steward.release.published.v1 --data '{"version":"1.2.3"}'
   steward publish --type dev.steward.credential.rotated.v1 \
     --data '{"hive":"dev","version":2,"clientId":"client-2"}' \
@@ -71,8 +72,18 @@ stored).`,
 			defer nc.Close()
 			p = publisher.New(js, publisher.WithSource(cliSource))
 			out := cmd.OutOrStdout()
+			var prog *progress
+			if f.file != "" {
+				// A recorded stream can be long; one event is not.
+				prog = startProgress(cmd.ErrOrStderr(), out, "published")
+				prog.setTotal(uint64(len(list)))
+				defer prog.finish()
+			}
 			for i, e := range list {
 				ack, err := p.Publish(cmd.Context(), e)
+				if prog != nil {
+					prog.add(1)
+				}
 				if err != nil {
 					if i > 0 {
 						return fmt.Errorf("%w (the %d events before it were stored; publishing the file again is safe, the ids deduplicate)", err, i)

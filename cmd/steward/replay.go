@@ -2,13 +2,40 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/steward-dev/steward/workers"
 )
+
+// replayReport is what `steward replay` prints with --json: every event's
+// result, then the counts.
+type replayReport struct {
+	Server   string         `json:"server"`
+	Consumer string         `json:"consumer"`
+	DryRun   bool           `json:"dryRun"`
+	Events   []replayLine   `json:"events"`
+	Total    int            `json:"total"`
+	Counts   map[string]int `json:"counts"`
+}
+
+type replayLine struct {
+	Sequence uint64   `json:"sequence"`
+	ID       string   `json:"id"`
+	Type     string   `json:"type"`
+	Key      string   `json:"key"`
+	Verdict  string   `json:"verdict"`
+	Outcomes []string `json:"outcomes"`
+	Error    string   `json:"error,omitempty"`
+}
+
+// replayVerdicts are the verdicts a summary counts, in the order it names
+// them.
+var replayVerdicts = []string{workers.ReplayApplied, workers.ReplayFailed, workers.ReplayUnchanged, workers.ReplayRefused,
+	workers.ReplayDeadLetter, workers.ReplayInvalid, workers.ReplayWouldHandle}
 
 func newReplayCmd(g *globals) *cobra.Command {
 	var (
@@ -21,15 +48,29 @@ func newReplayCmd(g *globals) *cobra.Command {
 		Short: "Run stored events through a worker's handler again",
 		Long: `Run the worker's events from STEWARD_EVENTS, from --from-seq or --since up to the
 last one stored now, through its handler in stream order, outside its
-consumer: checkpoints are neither read nor moved. The handler's own
-idempotency decides what a replayed event changes. With --dry-run each event is
-decoded and validated and nothing is handled. The worker's durable consumer is
-created if it does not exist, as 'steward worker' would.
+consumer: checkpoints are neither read nor moved, no stage is saved and no
+dead letter written. The handler's own idempotency decides what a replayed
+event changes.
 
-One line is printed per event, then a summary; the exit status is 1 when an
-event failed (outside --dry-run).`,
+Each event is reported by the runtime's rules: applied (the handler returned
+nil), unchanged (it returned nil and emitted only outcomes saying nothing
+needed changing: skipped, armed-already, floor-kept, superseded), refused,
+dead-letter (a permanent error: the consumer would have dead-lettered it),
+failed (any other error: the consumer would have retried it) or invalid.
+
+Outcomes a replay emits go to the instance's outcome subject marked with the
+extension replay=true and a replayid naming the run, under ids of their own,
+so a console, 'steward history' and an audit tell them from the live ones.
+
+With --dry-run each event is decoded and validated and nothing is handled.
+A replay creates no durable state: no consumer, stream or bucket.
+
+One line is printed per event, then a summary (--json: one report); progress
+goes to stderr when it takes over a second. The exit status is 1 when an event
+failed, is invalid or would be dead-lettered (outside --dry-run).`,
 		Example: `  steward replay credential --hive h1 --age-identity h1.key --credential-dir /run/h1 --since 1h --dry-run`,
 	}
+	out := addOutputFlags(cmd)
 	pf := cmd.PersistentFlags()
 	pf.Uint64Var(&fromSeq, "from-seq", 0, "first stream sequence to replay (default: the first kept)")
 	pf.StringVar(&since, "since", "", "replay from this time on: RFC 3339 or a duration back from now (1h)")
@@ -42,6 +83,10 @@ event failed (outside --dry-run).`,
 		}
 		build := k.bind(sub.Flags())
 		sub.RunE = func(cmd *cobra.Command, _ []string) error {
+			asJSON, err := out.asJSON()
+			if err != nil {
+				return err
+			}
 			startTime, err := startPoint(fromSeq, since, time.Now())
 			if err != nil {
 				return err
@@ -58,37 +103,45 @@ event failed (outside --dry-run).`,
 				return err
 			}
 			defer nc.Close()
-			w, err := workers.New(ctx, js, h.Spec(), h,
-				workers.WithLogger(g.log), workers.WithReplicas(g.replicas),
-				workers.WithRegisterer(prometheus.NewRegistry()))
+			r, err := workers.NewReplayer(ctx, js, h.Spec(), h, workers.WithLogger(g.log))
 			if err != nil {
 				return fmt.Errorf("%s worker: %w", k.name, err)
 			}
-			out := cmd.OutOrStdout()
-			var total, failed int
-			err = w.Replay(ctx, from, dryRun, func(r workers.ReplayResult) {
-				total++
-				verdict := "applied"
-				switch {
-				case r.Err != nil:
-					failed++
-					verdict = "failed: " + r.Err.Error()
-				case dryRun:
-					verdict = "would be handled"
-				}
-				fmt.Fprintf(out, "seq=%d id=%s type=%s key=%s %s\n", r.Sequence, r.ID, r.Type, r.Key, verdict)
-			})
-			if err != nil {
-				return fmt.Errorf("replay %s: %w", w.ConsumerName(), err)
+			stdout := cmd.OutOrStdout()
+			rep := replayReport{Server: nc.ConnectedUrlRedacted(), Consumer: r.ConsumerName(), DryRun: dryRun,
+				Events: []replayLine{}, Counts: map[string]int{}}
+			for _, v := range replayVerdicts {
+				rep.Counts[v] = 0
 			}
-			switch {
-			case dryRun:
-				fmt.Fprintf(out, "dry run of %s: %d events, %d would be handled, %d invalid\n", w.ConsumerName(), total, total-failed, failed)
-			default:
-				fmt.Fprintf(out, "replayed %d events through %s: %d applied, %d failed\n", total, w.ConsumerName(), total-failed, failed)
-				if failed > 0 {
-					return fmt.Errorf("%d of %d replayed events failed (see the lines above)", failed, total)
+			prog := startProgress(cmd.ErrOrStderr(), stdout, "replayed")
+			err = r.Replay(ctx, from, dryRun, prog.setTotal, func(res workers.ReplayResult) {
+				prog.add(1)
+				l := replayLine{Sequence: res.Sequence, ID: res.ID, Type: res.Type, Key: res.Key, Verdict: res.Verdict, Outcomes: res.Outcomes}
+				if res.Err != nil {
+					l.Error = replayErrText(res.Err)
 				}
+				rep.Total++
+				rep.Counts[res.Verdict]++
+				if asJSON {
+					rep.Events = append(rep.Events, l)
+					return
+				}
+				printReplayLine(stdout, l)
+			})
+			prog.finish()
+			if err != nil {
+				return withServerHint(g, fmt.Errorf("replay %s: %w", r.ConsumerName(), err))
+			}
+			if asJSON {
+				if err := printJSON(stdout, rep); err != nil {
+					return err
+				}
+			} else {
+				fmt.Fprintln(stdout, replaySummary(rep))
+			}
+			bad := rep.Counts[workers.ReplayFailed] + rep.Counts[workers.ReplayDeadLetter] + rep.Counts[workers.ReplayInvalid]
+			if !dryRun && bad > 0 {
+				return fmt.Errorf("%d of %d replayed events failed, are invalid or would be dead-lettered (see the report above): fix the cause, then replay from the first of them", bad, rep.Total)
 			}
 			return nil
 		}
@@ -96,3 +149,33 @@ event failed (outside --dry-run).`,
 	}
 	return cmd
 }
+
+func printReplayLine(w io.Writer, l replayLine) {
+	verdict := l.Verdict
+	switch l.Verdict {
+	case workers.ReplayWouldHandle:
+		verdict = "would be handled"
+	case workers.ReplayDeadLetter:
+		verdict = "would be dead-lettered"
+	}
+	if len(l.Outcomes) > 0 {
+		verdict += " (outcomes: " + strings.Join(l.Outcomes, ", ") + ")"
+	}
+	if l.Error != "" {
+		verdict += ": " + l.Error
+	}
+	fmt.Fprintln(w, escapeControl(fmt.Sprintf("seq=%d id=%s type=%s key=%s %s", l.Sequence, l.ID, l.Type, l.Key, verdict)))
+}
+
+func replaySummary(rep replayReport) string {
+	c := rep.Counts
+	if rep.DryRun {
+		return fmt.Sprintf("dry run of %s: %d events, %d would be handled, %d invalid", rep.Consumer, rep.Total, c[workers.ReplayWouldHandle], c[workers.ReplayInvalid])
+	}
+	return fmt.Sprintf("replayed %d events through %s: %d applied, %d failed, %d unchanged, %d refused, %d would be dead-lettered, %d invalid",
+		rep.Total, rep.Consumer, c[workers.ReplayApplied], c[workers.ReplayFailed], c[workers.ReplayUnchanged], c[workers.ReplayRefused],
+		c[workers.ReplayDeadLetter], c[workers.ReplayInvalid])
+}
+
+// replayErrText is an event's error on one line, for a report.
+func replayErrText(err error) string { return strings.Join(strings.Fields(err.Error()), " ") }

@@ -1,99 +1,150 @@
 package main
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
-	"text/tabwriter"
+	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
-	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/ops"
 )
 
 func newStatusCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var o ops.StatusOptions
+	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Show the streams, every consumer's backlog and the DLQ depth per worker",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			nc, js, err := g.connect(cmd.Context(), "steward status", false)
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
-			return printStatus(cmd.Context(), js, cmd.OutOrStdout())
-		},
+		Short: "Say what is stuck and why: every worker instance's consumer, retrying and waiting keys, DLQ depth",
+		Long: `Print the NATS server asked, Steward's streams, and every worker instance:
+whether a process is consuming it (and since when it was last active), its
+pending events and the age of the oldest, the keys it is retrying (attempt,
+first failure, last error) and the keys waiting behind an earlier event (and
+which), whether it is paused, and its dead letters.
+
+Instances are counted by state and listed worst first; --limit bounds the list
+(the rest are counted), --worker and --instance narrow it. The view costs the
+server the same few requests at any fleet size: one paged consumer listing,
+one read of the status documents, one count of dead letters, and one read per
+instance listed for its oldest pending event.`,
+		Example: `  steward status
+  steward status --worker credential --limit 50
+  steward status --instance credential-hive-7 -o json`,
+		Args: cobra.NoArgs,
 	}
+	out := addOutputFlags(cmd)
+	fs := cmd.Flags()
+	fs.StringVar(&o.Worker, "worker", "", "only this worker's instances (converge, join, credential, provision)")
+	fs.StringVar(&o.Instance, "instance", "", "only this instance: its consumer name (credential-hive-7) or its instance (hive-7)")
+	fs.IntVar(&o.Limit, "limit", ops.DefaultLimit, "list at most this many instances, worst first (-1: all)")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		asJSON, err := out.asJSON()
+		if err != nil {
+			return err
+		}
+		if o.Limit == 0 {
+			return fmt.Errorf("--limit 0 lists nothing: give a positive number, or -1 for every instance")
+		}
+		nc, js, err := g.connect(cmd.Context(), "steward status", false)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		st, err := ops.GetStatus(cmd.Context(), js, o)
+		if err != nil {
+			return withServerHint(g, err)
+		}
+		if asJSON {
+			return printJSON(cmd.OutOrStdout(), st)
+		}
+		return printStatus(cmd.OutOrStdout(), st)
+	}
+	return cmd
 }
 
-func printStatus(ctx context.Context, js jetstream.JetStream, out io.Writer) error {
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "STREAM\tMESSAGES\tBYTES\tFIRST SEQ\tLAST SEQ\tCONSUMERS")
-	var streams []jetstream.Stream
-	for _, name := range []string{events.StreamEvents, events.StreamOutcomes, events.StreamDLQ} {
-		s, err := js.Stream(ctx, name)
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\tmissing (any worker, steward serve or steward dev creates it)\n", name)
+// printStatus prints a status as tables: the server, the streams, the
+// counts by state, the instances, then their retrying and waiting keys.
+func printStatus(w io.Writer, st *ops.Status) error {
+	now := st.Time
+	t := newTable(w)
+	server := st.Server
+	if st.ServerVersion != "" {
+		server += fmt.Sprintf(" (server %s, version %s)", st.ServerName, st.ServerVersion)
+	}
+	t.line("NATS %s", server)
+	t.line("")
+	t.row("STREAM", "MESSAGES", "BYTES", "FIRST SEQ", "LAST SEQ", "CONSUMERS")
+	for _, s := range st.Streams {
+		if s.Missing {
+			t.row(s.Name, "-", "-", "-", "-", "missing (steward setup creates it)")
 			continue
 		}
-		if err != nil {
-			return fmt.Errorf("stream %s: %w", name, err)
-		}
-		st := s.CachedInfo().State
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\n", name, st.Msgs, st.Bytes, st.FirstSeq, st.LastSeq, st.Consumers)
-		streams = append(streams, s)
+		t.row(s.Name, s.Messages, s.Bytes, s.FirstSeq, s.LastSeq, s.Consumers)
 	}
-	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "CONSUMER\tSTREAM\tPENDING\tACK PENDING\tREDELIVERED\tLAST DELIVERED")
-	for _, s := range streams {
-		lister := s.ListConsumers(ctx)
-		var infos []*jetstream.ConsumerInfo
-		for info := range lister.Info() {
-			// Ordered consumers of export and dlq ls come and go; only
-			// durable ones are a worker's.
-			if info.Config.Durable != "" {
-				infos = append(infos, info)
+	t.line("")
+	var counts []string
+	for _, s := range ops.States {
+		if n := st.Counts[s]; n > 0 {
+			counts = append(counts, fmt.Sprintf("%d %s", n, s))
+		}
+	}
+	if len(counts) == 0 {
+		counts = []string{"none"}
+	}
+	t.line("INSTANCES %d: %s; DEAD LETTERS %d", st.Total, strings.Join(counts, ", "), st.DeadLetters)
+	if st.Total == 0 {
+		t.line("(no worker instance has a consumer or a status document yet: start one with `steward worker`)")
+		return t.flush()
+	}
+	t.line("")
+	t.row("INSTANCE", "STATE", "CONSUMING", "LAST ACTIVE", "PENDING", "ACK PENDING", "OLDEST PENDING", "RETRYING", "WAITING", "DLQ", "PAUSED UNTIL")
+	for _, in := range st.Instances {
+		active := "never"
+		if in.LastActive != nil {
+			active = ago(now, *in.LastActive)
+		}
+		oldest := "-"
+		if in.OldestPending != nil {
+			oldest = roundDur(time.Duration(in.OldestPendingSeconds * float64(time.Second)))
+		}
+		consuming := cell(in.Consuming)
+		if !in.HasConsumer {
+			consuming = "no consumer"
+		} else if in.Consuming {
+			consuming = fmt.Sprintf("yes (%d pulls)", in.PullsWaiting)
+		}
+		t.row(in.Name, string(in.State), consuming, active, in.Pending, in.AckPending, oldest,
+			len(in.Retrying), len(in.Waiting), in.DeadLetters, in.PausedUntil)
+	}
+	if st.More > 0 {
+		t.line("... and %d more instances (they are no worse than those above): narrow with --worker or --instance, or raise --limit", st.More)
+	}
+	var retrying, waiting bool
+	for _, in := range st.Instances {
+		retrying = retrying || len(in.Retrying) > 0
+		waiting = waiting || len(in.Waiting) > 0
+	}
+	if retrying {
+		t.line("")
+		t.row("RETRYING IN", "KEY", "EVENT", "SEQ", "ATTEMPT", "FIRST FAILURE", "NEXT ATTEMPT", "LAST ERROR")
+		for _, in := range st.Instances {
+			name := in.Name
+			if in.Stopped {
+				name += " (process stopped)"
+			}
+			for _, r := range in.Retrying {
+				t.row(name, r.Key, r.EventID, r.Sequence, r.Attempt, ago(now, r.FirstFailure), ago(now, r.NextAttempt), r.LastError)
 			}
 		}
-		if err := lister.Err(); err != nil {
-			return fmt.Errorf("consumers of %s: %w", s.CachedInfo().Config.Name, err)
-		}
-		slices.SortFunc(infos, func(a, b *jetstream.ConsumerInfo) int { return strings.Compare(a.Name, b.Name) })
-		for _, info := range infos {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\n", info.Name, info.Stream, info.NumPending, info.NumAckPending, info.NumRedelivered, info.Delivered.Stream)
+	}
+	if waiting {
+		t.line("")
+		t.row("WAITING IN", "KEY", "EVENT", "SEQ", "BEHIND SEQ", "SINCE")
+		for _, in := range st.Instances {
+			for _, wk := range in.Waiting {
+				t.row(in.Name, wk.Key, wk.EventID, wk.Sequence, wk.Behind, ago(now, wk.Since))
+			}
 		}
 	}
-	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "DLQ WORKER\tDEAD LETTERS")
-	dlq, err := js.Stream(ctx, events.StreamDLQ)
-	if err == nil {
-		info, err := dlq.Info(ctx, jetstream.WithSubjectFilter(events.DLQPrefix+".>"))
-		if err != nil {
-			return fmt.Errorf("stream %s: %w", events.StreamDLQ, err)
-		}
-		depth := map[string]uint64{}
-		for subject, n := range info.State.Subjects {
-			// steward.dlq.<worker>.<instance> -> the consumer name.
-			rest := strings.TrimPrefix(subject, events.DLQPrefix+".")
-			name, instance, _ := strings.Cut(rest, ".")
-			depth[name+"-"+instance] += n
-		}
-		names := make([]string, 0, len(depth))
-		for n := range depth {
-			names = append(names, n)
-		}
-		slices.Sort(names)
-		for _, n := range names {
-			fmt.Fprintf(tw, "%s\t%d\n", n, depth[n])
-		}
-		if len(names) == 0 {
-			fmt.Fprintln(tw, "(none)\t0")
-		}
-	}
-	return tw.Flush()
+	return t.flush()
 }

@@ -20,6 +20,9 @@ type Range struct {
 	StartTime time.Time
 	// Limit stops after this many messages (0: no limit).
 	Limit int
+	// Total, when set, is told how many messages the range holds (within
+	// Limit) before the first is read, for a progress report.
+	Total func(n uint64)
 }
 
 // Each calls fn for every message of the range in stream order, and stops at
@@ -57,6 +60,13 @@ func Each(ctx context.Context, js jetstream.JetStream, r Range, fn func(jetstrea
 		}
 	}()
 	remaining := info.NumPending
+	if r.Total != nil {
+		n := remaining
+		if r.Limit > 0 {
+			n = min(n, uint64(r.Limit))
+		}
+		r.Total(n)
+	}
 	seen := 0
 	for remaining > 0 {
 		if r.Limit > 0 && seen >= r.Limit {

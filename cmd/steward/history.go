@@ -1,0 +1,103 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/ops"
+)
+
+func newHistoryCmd(g *globals) *cobra.Command {
+	var (
+		o     ops.HistoryOptions
+		since string
+	)
+	cmd := &cobra.Command{
+		Use:   "history <worker> <key>",
+		Short: "Show the events of one key and the outcomes and dead letters they caused, in order",
+		Long: `Print every event of the key on the worker's subjects, and every outcome and dead
+letter of the worker's instances that names one of those events (their
+causationid) or the key, in the order they were stored, with ids, times and
+trace ids (from the traceparent extension). Outcomes a replay emitted are
+marked. Stored messages that are not events are reported and left out.`,
+		Example: `  steward history credential hive-7
+  steward history provision db-1 --since 24h -o json`,
+		Args: cobra.ExactArgs(2),
+	}
+	out := addOutputFlags(cmd)
+	fs := cmd.Flags()
+	fs.StringVar(&o.Instance, "instance", "", "only the outcomes and dead letters of this instance")
+	fs.StringVar(&since, "since", "", "from this time on: RFC 3339 or a duration back from now (24h)")
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		asJSON, err := out.asJSON()
+		if err != nil {
+			return err
+		}
+		o.Worker, o.Key = args[0], args[1]
+		if since != "" {
+			if o.Since, err = parseSince(since, time.Now()); err != nil {
+				return err
+			}
+		}
+		nc, js, err := g.connect(cmd.Context(), "steward history", false)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		h, err := ops.GetHistory(cmd.Context(), js, o)
+		if err != nil {
+			return withServerHint(g, err)
+		}
+		if asJSON {
+			return printJSON(cmd.OutOrStdout(), h)
+		}
+		return printHistory(cmd.OutOrStdout(), h)
+	}
+	return cmd
+}
+
+func printHistory(w io.Writer, h *ops.History) error {
+	t := newTable(w)
+	t.line("history of key %s for worker %s on %s", h.Key, h.Worker, h.Server)
+	t.line("")
+	if len(h.Entries) == 0 {
+		t.line("(nothing stored for this key: check the worker and the key, or --since)")
+	} else {
+		t.row("TIME", "WHAT", "STREAM SEQ", "ID", "TYPE", "CAUSED BY", "TRACE ID", "NOTE")
+		for _, e := range h.Entries {
+			what, note := e.Kind, ""
+			switch e.Kind {
+			case ops.EntryOutcome:
+				what = "outcome " + e.Outcome
+				note = "instance " + e.Instance
+				if e.Replay {
+					note += ", replayed"
+				}
+			case ops.EntryDeadLetter:
+				note = "instance " + e.Instance + ": " + e.Reason
+			}
+			t.row(e.Time.Format(time.RFC3339Nano), what, fmt.Sprintf("%s %d", shortStream(e.Stream), e.Sequence), e.ID, e.Type, e.CausationID, e.TraceID, note)
+		}
+	}
+	for _, u := range h.Unreadable {
+		t.line("left out: %s seq %d on %s is not an event: %s", u.Stream, u.Sequence, u.Subject, u.Error)
+	}
+	return t.flush()
+}
+
+// shortStream names a stream by its last word: events, outcomes, dlq.
+func shortStream(s string) string {
+	switch s {
+	case events.StreamEvents:
+		return "events"
+	case events.StreamOutcomes:
+		return "outcomes"
+	case events.StreamDLQ:
+		return "dlq"
+	}
+	return s
+}

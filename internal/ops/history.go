@@ -1,0 +1,294 @@
+package ops
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/streamread"
+)
+
+// Kinds of history entries.
+const (
+	EntryEvent      = "event"
+	EntryOutcome    = "outcome"
+	EntryDeadLetter = "dead-letter"
+)
+
+// workerTypes are the event types each of Steward's workers consumes, so a
+// key's history reads only the subjects its worker reads. A worker not
+// named here (a fifth one) is given every kind.
+var workerTypes = map[string][]string{
+	"converge":   {events.TypeReleasePublished},
+	"join":       {events.TypeInvitationWritten, events.TypeHostFloorPublished},
+	"credential": {events.TypeCredentialRotated},
+	"provision":  {events.TypeGrantChanged},
+}
+
+// HistoryOptions selects the history of one key.
+type HistoryOptions struct {
+	// Worker and Key name the history: the key's events as that worker
+	// reads them, and what its instances did with them.
+	Worker, Key string
+	// Instance keeps only the outcomes and dead letters of that instance.
+	Instance string
+	// Since starts the history at this time (zero: the first kept).
+	Since time.Time
+}
+
+// History is what happened to one key: its events, and the outcomes and
+// dead letters they caused, in the order they were stored.
+type History struct {
+	Server  string  `json:"server"`
+	Worker  string  `json:"worker"`
+	Key     string  `json:"key"`
+	Entries []Entry `json:"entries"`
+	// Unreadable are stored messages of the subjects read that are not
+	// CloudEvents; they are left out of Entries.
+	Unreadable []Unreadable `json:"unreadable"`
+}
+
+// Entry is one event, outcome or dead letter of a key's history.
+type Entry struct {
+	Kind     string `json:"kind"`
+	Stream   string `json:"stream"`
+	Sequence uint64 `json:"sequence"`
+	Subject  string `json:"subject"`
+	// Time is when the server stored it.
+	Time time.Time `json:"time"`
+	ID   string    `json:"id"`
+	Type string    `json:"type"`
+	Key  string    `json:"key"`
+	// Outcome is an outcome's name (applied, refused, ...).
+	Outcome string `json:"outcome,omitempty"`
+	// CausationID is the event an outcome or a dead letter is about.
+	CausationID string `json:"causationId,omitempty"`
+	// TraceID is the W3C trace id of the traceparent extension, when set.
+	TraceID string `json:"traceId,omitempty"`
+	// Instance is the worker instance of an outcome or dead letter.
+	Instance string `json:"instance,omitempty"`
+	// Reason is why a dead letter is dead, secrets elided.
+	Reason string `json:"reason,omitempty"`
+	// Replay marks an outcome a replay emitted, not the live consumer.
+	Replay bool `json:"replay,omitempty"`
+}
+
+// Unreadable is a stored message that could not be read as an event.
+type Unreadable struct {
+	Stream   string `json:"stream"`
+	Sequence uint64 `json:"sequence"`
+	Subject  string `json:"subject"`
+	Error    string `json:"error"`
+}
+
+// GetHistory reads the history of one key: every event of the key on the
+// worker's subjects, then the outcomes and dead letters of the worker whose
+// causation names one of them or whose subject attribute is the key.
+func GetHistory(ctx context.Context, js jetstream.JetStream, o HistoryOptions) (*History, error) {
+	if err := events.CheckKey(o.Worker); err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	if o.Key == "" {
+		return nil, errors.New("no key given: name the key whose history to read")
+	}
+	if o.Instance != "" {
+		if err := events.CheckKey(o.Instance); err != nil {
+			return nil, fmt.Errorf("instance: %w", err)
+		}
+	}
+	h := &History{Server: ServerURL(js), Worker: o.Worker, Key: o.Key, Entries: []Entry{}, Unreadable: []Unreadable{}}
+	if s, err := streamOrNone(ctx, js, events.StreamEvents); err != nil {
+		return nil, err
+	} else if s == nil {
+		return nil, &NoStreamsError{Server: h.Server}
+	}
+
+	subjects, err := keySubjects(o.Worker, o.Key)
+	if err != nil {
+		return nil, err
+	}
+	ids := map[string]bool{}
+	err = h.read(ctx, js, events.StreamEvents, subjects, o.Since, func(meta *jetstream.MsgMetadata, subject string, e event.Event) {
+		if e.Subject() != o.Key {
+			return
+		}
+		ids[e.ID()] = true
+		h.Entries = append(h.Entries, entryOf(EntryEvent, events.StreamEvents, meta, subject, e))
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	tail := ">"
+	if o.Instance != "" {
+		tail = o.Instance
+	}
+	err = h.read(ctx, js, events.StreamOutcomes, []string{events.OutcomesPrefix + "." + o.Worker + "." + tail}, o.Since,
+		func(meta *jetstream.MsgMetadata, subject string, e event.Event) {
+			cause, _ := e.Extensions()["causationid"].(string)
+			if !ids[cause] && e.Subject() != o.Key {
+				return
+			}
+			en := entryOf(EntryOutcome, events.StreamOutcomes, meta, subject, e)
+			en.CausationID = cause
+			en.Instance = lastToken(subject)
+			en.Outcome = outcomeName(e.Type())
+			en.Replay = isReplay(e)
+			h.Entries = append(h.Entries, en)
+		})
+	if err != nil {
+		return nil, err
+	}
+
+	dlqSubject := events.DLQPrefix + "." + o.Worker + "." + tail
+	if s, err := streamOrNone(ctx, js, events.StreamDLQ); err != nil {
+		return nil, err
+	} else if s != nil {
+		err = streamread.Each(ctx, js, streamread.Range{Stream: events.StreamDLQ, Subjects: []string{dlqSubject}, StartTime: o.Since},
+			func(m jetstream.Msg) error {
+				meta, err := m.Metadata()
+				if err != nil {
+					return err
+				}
+				d := events.ParseDeadLetter(meta.Sequence.Stream, m.Subject(), m.Headers(), m.Data())
+				key := ""
+				if d.Event != nil {
+					key = d.Event.Subject()
+				}
+				if !ids[d.EventID()] && key != o.Key {
+					return nil
+				}
+				en := Entry{Kind: EntryDeadLetter, Stream: events.StreamDLQ, Sequence: d.DLQSequence, Subject: d.DLQSubject,
+					Time: meta.Timestamp.UTC(), ID: d.EventID(), Key: key, CausationID: d.EventID(),
+					Instance: lastToken(d.DLQSubject), Reason: Elide(oneLine(d.Reason))}
+				if d.Event != nil {
+					en.Type, en.TraceID = d.Event.Type(), traceID(*d.Event)
+				}
+				h.Entries = append(h.Entries, en)
+				return nil
+			})
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", events.StreamDLQ, err)
+		}
+	}
+
+	// Stored order across the three streams is the order of their store
+	// times; within a stream, its sequence.
+	kindOrder := map[string]int{EntryEvent: 0, EntryOutcome: 1, EntryDeadLetter: 2}
+	slices.SortStableFunc(h.Entries, func(a, b Entry) int {
+		return cmp.Or(a.Time.Compare(b.Time), cmp.Compare(kindOrder[a.Kind], kindOrder[b.Kind]), cmp.Compare(a.Sequence, b.Sequence))
+	})
+	return h, nil
+}
+
+// read calls fn for every event of the subjects of a stream, and records
+// the messages that are not events. A missing stream reads as empty.
+func (h *History) read(ctx context.Context, js jetstream.JetStream, stream string, subjects []string, since time.Time,
+	fn func(meta *jetstream.MsgMetadata, subject string, e event.Event)) error {
+	if s, err := streamOrNone(ctx, js, stream); err != nil || s == nil {
+		return err
+	}
+	err := streamread.Each(ctx, js, streamread.Range{Stream: stream, Subjects: subjects, StartTime: since}, func(m jetstream.Msg) error {
+		meta, err := m.Metadata()
+		if err != nil {
+			return err
+		}
+		e, err := events.Decode(m.Headers(), m.Data())
+		if err != nil {
+			h.Unreadable = append(h.Unreadable, Unreadable{Stream: stream, Sequence: meta.Sequence.Stream, Subject: m.Subject(), Error: Elide(oneLine(err.Error()))})
+			return nil
+		}
+		fn(meta, m.Subject(), e)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read %s: %w", stream, err)
+	}
+	return nil
+}
+
+// keySubjects are the event subjects a worker reads that may hold key's
+// events: the key's own subject for kinds keyed by subject, the shared
+// subject otherwise (filtered by the subject attribute afterwards).
+func keySubjects(worker, key string) ([]string, error) {
+	types, ok := workerTypes[worker]
+	if !ok {
+		for _, k := range events.Kinds() {
+			types = append(types, k.Type)
+		}
+	}
+	var subjects []string
+	for _, t := range types {
+		k, _ := events.Lookup(t)
+		if k.KeyInSubject && k.CheckKey(key) != nil {
+			continue // no event of this kind can have that key
+		}
+		s := k.FilterSubject(key)
+		if !k.KeyInSubject {
+			s = k.Subject
+		}
+		if !slices.Contains(subjects, s) {
+			subjects = append(subjects, s)
+		}
+	}
+	if len(subjects) == 0 {
+		return nil, fmt.Errorf("key %q is not a key any event of the %s worker can have", key, worker)
+	}
+	return subjects, nil
+}
+
+// entryOf is the entry of a stored event. Its time is when the server
+// stored it: the one clock the three streams share (an event's own time
+// attribute is whatever its publisher said).
+func entryOf(kind, stream string, meta *jetstream.MsgMetadata, subject string, e event.Event) Entry {
+	return Entry{Kind: kind, Stream: stream, Sequence: meta.Sequence.Stream, Subject: subject, Time: meta.Timestamp.UTC(),
+		ID: e.ID(), Type: e.Type(), Key: e.Subject(), TraceID: traceID(e)}
+}
+
+// traceID reads the trace id from a W3C traceparent extension
+// (00-<trace id>-<span id>-<flags>).
+func traceID(e event.Event) string {
+	tp, _ := e.Extensions()["traceparent"].(string)
+	parts := strings.Split(tp, "-")
+	if len(parts) != 4 || len(parts[1]) != 32 {
+		return ""
+	}
+	return parts[1]
+}
+
+// isReplay says whether an outcome was emitted by a replay
+// (workers.ReplayExtension).
+func isReplay(e event.Event) bool {
+	switch v := e.Extensions()["replay"].(type) {
+	case bool:
+		return v
+	case string:
+		return v == "true"
+	}
+	return false
+}
+
+// outcomeName is the <outcome> of dev.steward.<noun>.<outcome>.v1.
+func outcomeName(typ string) string {
+	parts := strings.Split(typ, ".")
+	if len(parts) < 5 {
+		return ""
+	}
+	return parts[len(parts)-2]
+}
+
+func lastToken(subject string) string {
+	return subject[strings.LastIndexByte(subject, '.')+1:]
+}
+
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}

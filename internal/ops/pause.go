@@ -1,0 +1,105 @@
+package ops
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/steward-dev/steward/events"
+)
+
+// Paused is a worker instance's consumer after a Pause or a Resume.
+type Paused struct {
+	Consumer string `json:"consumer"`
+	Paused   bool   `json:"paused"`
+	// Until is when the server resumes it by itself.
+	Until *time.Time `json:"until,omitempty"`
+}
+
+// Pause stops the server delivering the instance's events until until (or
+// an earlier Resume). The runtime keeps running and pulling; events wait
+// at the server, nothing is lost or redelivered. It needs nats-server 2.11
+// or later.
+func Pause(ctx context.Context, js jetstream.JetStream, worker, instance string, until time.Time) (Paused, error) {
+	name, err := pausable(ctx, js, worker, instance)
+	if err != nil {
+		return Paused{}, err
+	}
+	if !until.After(time.Now()) {
+		return Paused{}, fmt.Errorf("pause %s until %s: that time has passed; give a time to come", name, until.UTC().Format(time.RFC3339))
+	}
+	resp, err := js.PauseConsumer(ctx, events.StreamEvents, name, until)
+	if err != nil {
+		return Paused{}, fmt.Errorf("pause %s on %s: %w", name, ServerURL(js), err)
+	}
+	return pausedOf(name, resp), nil
+}
+
+// Resume lets the server deliver the instance's events again at once.
+func Resume(ctx context.Context, js jetstream.JetStream, worker, instance string) (Paused, error) {
+	name, err := pausable(ctx, js, worker, instance)
+	if err != nil {
+		return Paused{}, err
+	}
+	resp, err := js.ResumeConsumer(ctx, events.StreamEvents, name)
+	if err != nil {
+		return Paused{}, fmt.Errorf("resume %s on %s: %w", name, ServerURL(js), err)
+	}
+	return pausedOf(name, resp), nil
+}
+
+func pausedOf(name string, resp *jetstream.ConsumerPauseResponse) Paused {
+	p := Paused{Consumer: name, Paused: resp.Paused}
+	if resp.Paused {
+		u := resp.PauseUntil.UTC()
+		p.Until = &u
+	}
+	return p
+}
+
+// pausable checks the server can pause consumers and that the instance's
+// consumer exists, and returns its name.
+func pausable(ctx context.Context, js jetstream.JetStream, worker, instance string) (string, error) {
+	if err := events.CheckKey(worker); err != nil {
+		return "", fmt.Errorf("worker: %w", err)
+	}
+	if err := events.CheckKey(instance); err != nil {
+		return "", fmt.Errorf("instance: %w", err)
+	}
+	name := ConsumerName(worker, instance)
+	if nc := js.Conn(); nc != nil && !atLeast(nc.ConnectedServerVersion(), 2, 11) {
+		return "", fmt.Errorf("the NATS server at %s is version %s; pausing a consumer needs 2.11 or later: upgrade it, or stop the worker's processes instead",
+			ServerURL(js), nc.ConnectedServerVersion())
+	}
+	if _, err := js.Consumer(ctx, events.StreamEvents, name); err != nil {
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return "", fmt.Errorf("worker instance %s has no consumer on %s at %s: check the worker and instance with `steward status`", name, events.StreamEvents, ServerURL(js))
+		}
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return "", &NoStreamsError{Server: ServerURL(js)}
+		}
+		return "", fmt.Errorf("look up consumer %s: %w", name, err)
+	}
+	return name, nil
+}
+
+// atLeast says whether a server version (2.11.0, v2.12.1-beta) is at least
+// major.minor. An unreadable version is given the benefit of the doubt:
+// the server itself then answers.
+func atLeast(version string, major, minor int) bool {
+	parts := strings.SplitN(strings.TrimPrefix(version, "v"), ".", 3)
+	if len(parts) < 2 {
+		return true
+	}
+	ma, err1 := strconv.Atoi(parts[0])
+	mi, err2 := strconv.Atoi(parts[1])
+	if err1 != nil || err2 != nil {
+		return true
+	}
+	return ma > major || ma == major && mi >= minor
+}
