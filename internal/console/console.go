@@ -1,0 +1,265 @@
+// Package console is Steward's web console: the pages an operator reads
+// (overview, the history of a key, dead letters) and the actions they take
+// (pause and resume an instance, retry or remove dead letters, publish an
+// event), served on the ingress's port under /, behind the ingress token.
+//
+// The console computes nothing of its own. Every page is what internal/ops
+// computes for `steward status` and `steward history`, and the dead-letter
+// pages and actions are the code `steward dlq` runs, handed in as a
+// DeadLetters; publishing goes through the publisher the ingress and
+// `steward publish` use. So the console and the command line never
+// disagree.
+//
+// HTML comes from Go templates and the few scripts are plain JavaScript,
+// all embedded: building or running Steward needs no Node toolchain. Secrets
+// are sealed with age in the page (static/vendor/age.js, age-encryption
+// 0.3.1), so their plaintext never reaches the server.
+package console
+
+import (
+	"context"
+	"crypto/sha256"
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/publisher"
+)
+
+//go:embed templates/*.html
+var templateFiles embed.FS
+
+//go:embed static
+var staticFiles embed.FS
+
+// Source is the CloudEvents source of events published from the console.
+const Source = "/steward/console"
+
+// DefaultSessionTTL is how long a login lasts.
+const DefaultSessionTTL = 12 * time.Hour
+
+// Signer signs desired state that hands out access (grant.changed,
+// credential.rotated) with the controller key the server is configured
+// with (`steward serve --signing-key`). The console calls it for an
+// operator who is logged in, with the event exactly as the page sent it:
+// its secrets already sealed in the browser, so the signature is over the
+// ciphertext and the signer never sees a plaintext.
+type Signer interface {
+	// Sign returns the event to publish in place of e. An error is shown
+	// to the operator as it is, so it must name what is wrong and what to
+	// do, and never quote the data.
+	Sign(ctx context.Context, e event.Event) (event.Event, error)
+}
+
+// SignedTypes are the event types that must be signed before they are
+// published; without a Signer the console refuses them and says why.
+var SignedTypes = []string{events.TypeCredentialRotated, events.TypeGrantChanged}
+
+func mustSign(typ string) bool {
+	for _, t := range SignedTypes {
+		if t == typ {
+			return true
+		}
+	}
+	return false
+}
+
+// Letter is one dead letter as the console shows it.
+type Letter struct {
+	events.DeadLetter
+}
+
+// Filter selects dead letters. The zero value selects every one.
+type Filter struct {
+	// Worker is a worker name (credential) or a consumer (credential-h1).
+	Worker string
+	// Type is the original event's CloudEvents type.
+	Type string
+	// Reason keeps letters whose reason holds this text (any case).
+	Reason string
+	// Since and Until bound the original event's time attribute (when it
+	// was published); zero is unbounded.
+	Since, Until time.Time
+}
+
+// Empty says the filter selects every letter.
+func (f Filter) Empty() bool { return f == Filter{} }
+
+// Match says whether f selects d. Worker matches as `steward dlq --worker`
+// does; a letter whose event did not decode has no type and no time, so a
+// filter on either leaves it out.
+func (f Filter) Match(d events.DeadLetter) bool {
+	if f.Worker != "" && d.Worker != f.Worker && !strings.HasPrefix(d.Worker, f.Worker+"-") {
+		return false
+	}
+	if f.Reason != "" && !strings.Contains(strings.ToLower(d.Reason), strings.ToLower(f.Reason)) {
+		return false
+	}
+	if f.Type == "" && f.Since.IsZero() && f.Until.IsZero() {
+		return true
+	}
+	if d.Event == nil {
+		return false
+	}
+	if f.Type != "" && d.Event.Type() != f.Type {
+		return false
+	}
+	t := d.Event.Time()
+	if !f.Since.IsZero() && t.Before(f.Since) {
+		return false
+	}
+	if !f.Until.IsZero() && t.After(f.Until) {
+		return false
+	}
+	return true
+}
+
+// Retried is what a retry of one dead letter did.
+type Retried struct {
+	// EventID is the event republished, Subject where it went and Sequence
+	// its new STEWARD_EVENTS sequence.
+	EventID  string
+	Subject  string
+	Sequence uint64
+	// Already says an earlier retry had stored it; the letter is removed.
+	Already bool
+}
+
+// DeadLetters is the dead-letter code of `steward dlq`, handed to the
+// console by the command that serves it, so both act the same way on the
+// same letters.
+type DeadLetters interface {
+	// List returns the letters f selects, in DLQ order.
+	List(ctx context.Context, f Filter) ([]Letter, error)
+	// Get returns the letter at a STEWARD_DLQ sequence.
+	Get(ctx context.Context, seq uint64) (Letter, error)
+	// Retry republishes a letter's event to the subject it belongs on,
+	// then removes the letter.
+	Retry(ctx context.Context, l Letter) (Retried, error)
+	// Remove deletes a letter without republishing it.
+	Remove(ctx context.Context, seq uint64) error
+}
+
+// RemoveLetter deletes the dead letter at seq from STEWARD_DLQ: the one
+// removal the console (and a future `steward dlq rm`) performs.
+func RemoveLetter(ctx context.Context, js jetstream.JetStream, seq uint64) error {
+	s, err := js.Stream(ctx, events.StreamDLQ)
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", events.StreamDLQ, err)
+	}
+	if err := s.DeleteMsg(ctx, seq); err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return fmt.Errorf("no dead letter at %s sequence %d: it was retried or removed already; reload the dead-letter page", events.StreamDLQ, seq)
+		}
+		return fmt.Errorf("remove dead letter %d: %w; it is still in %s, try again", seq, err, events.StreamDLQ)
+	}
+	return nil
+}
+
+// Config configures a Console.
+type Config struct {
+	// Token is the ingress token; it is the console's login. Required.
+	Token string
+	// JS is the operator's connection: the pages read status and history
+	// through it, and pause and resume act through it. Required.
+	JS jetstream.JetStream
+	// Publisher publishes what the publish form sends (the ingress's and
+	// `steward publish`'s code). Required.
+	Publisher *publisher.Publisher
+	// DeadLetters is `steward dlq`'s code. Required.
+	DeadLetters DeadLetters
+	// Signer signs grant.changed and credential.rotated; nil means this
+	// console cannot publish them, and their forms say so.
+	Signer Signer
+	// SessionTTL is how long a login lasts (default DefaultSessionTTL).
+	SessionTTL time.Duration
+	// Log receives one line per refused login and per action (never a
+	// token, a cookie or event data); the zero value discards.
+	Log zerolog.Logger
+	// Now is the clock (default time.Now); tests set it.
+	Now func() time.Time
+}
+
+// Console serves the web console. Mount it with Mount.
+type Console struct {
+	cfg       Config
+	tokenHash [sha256.Size]byte
+	sessions  *sessions
+	pages     map[string]*template.Template
+	static    http.Handler
+	mux       *http.ServeMux
+	cop       *http.CrossOriginProtection
+}
+
+// New checks cfg and returns the console.
+func New(cfg Config) (*Console, error) {
+	switch {
+	case strings.TrimSpace(cfg.Token) == "":
+		return nil, errors.New("the console needs the ingress token as its login: give --token or --token-file")
+	case cfg.JS == nil:
+		return nil, errors.New("the console has no NATS connection: it needs the operator's, to read status and history")
+	case cfg.Publisher == nil:
+		return nil, errors.New("the console has no publisher")
+	case cfg.DeadLetters == nil:
+		return nil, errors.New("the console has no dead-letter code: pass steward dlq's")
+	}
+	if cfg.SessionTTL <= 0 {
+		cfg.SessionTTL = DefaultSessionTTL
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	pages, err := parseTemplates()
+	if err != nil {
+		return nil, err
+	}
+	sub, err := fs.Sub(staticFiles, "static")
+	if err != nil {
+		return nil, err
+	}
+	c := &Console{
+		cfg:       cfg,
+		tokenHash: sha256.Sum256([]byte(strings.TrimSpace(cfg.Token))),
+		sessions:  newSessions(cfg.SessionTTL, cfg.Now),
+		pages:     pages,
+		static:    http.StripPrefix("/static/", http.FileServerFS(sub)),
+		cop:       http.NewCrossOriginProtection(),
+	}
+	c.routes()
+	return c, nil
+}
+
+// Mount serves the console on mux under /. The ingress (/events), metrics
+// and health keep their own, more specific, patterns.
+func (c *Console) Mount(mux *http.ServeMux) { mux.Handle("/", c) }
+
+// ServeHTTP implements http.Handler.
+func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	// The console shows what the bus holds, which anyone who can publish
+	// may have written: no inline script runs, nothing loads from
+	// elsewhere, no other site may frame it, and nothing is cached.
+	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("Cache-Control", "no-store")
+	// A cross-site request that changes state is refused before anything
+	// else looks at it (Sec-Fetch-Site, then Origin against Host); the
+	// per-session CSRF token below is the second lock.
+	if err := c.cop.Check(r); err != nil {
+		c.fail(w, r, http.StatusForbidden, "refused: this request came from another site. Use the console's own pages.")
+		return
+	}
+	c.mux.ServeHTTP(w, r)
+}

@@ -1,0 +1,205 @@
+package console_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/console"
+)
+
+// noRedirect is a client that shows redirects instead of following them.
+func noRedirect(jar http.CookieJar) *http.Client {
+	return &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+// login logs a client in and returns it with its CSRF token.
+func login(t *testing.T, base string) (*http.Client, string) {
+	t.Helper()
+	jar, _ := cookiejar.New(nil)
+	c := noRedirect(jar)
+	resp, err := c.PostForm(base+"/login", url.Values{"token": {testToken}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("login: %s", resp.Status)
+	}
+	resp, err = c.Get(base + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	i := strings.Index(string(body), `name="csrf-token" content="`)
+	if i < 0 {
+		t.Fatalf("no csrf token on the overview:\n%s", body)
+	}
+	rest := string(body)[i+len(`name="csrf-token" content="`):]
+	return c, rest[:strings.IndexByte(rest, '"')]
+}
+
+func TestNoPageOrAPIWithoutLogin(t *testing.T) {
+	r := newRig(t, nil)
+	c := noRedirect(nil)
+	for _, p := range []string{"/", "/overview/live", "/key?worker=credential&key=hive-1", "/key/live?worker=credential&key=hive-1",
+		"/dlq", "/dlq/1", "/publish", "/publish?type=" + events.TypeReleasePublished, "/static/console.js", "/static/vendor/age.js", "/nothing-here"} {
+		resp, err := c.Get(r.url + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(resp.Header.Get("Location"), "/login") {
+			t.Errorf("GET %s without a login: %s, Location %q; want 303 to /login", p, resp.Status, resp.Header.Get("Location"))
+		}
+	}
+	for _, p := range []string{"/pause", "/dlq/confirm", "/dlq/act", "/api/publish", "/logout"} {
+		resp, err := c.Post(r.url+p, "application/x-www-form-urlencoded", strings.NewReader("seq=1&action=remove"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("POST %s without a login: %s; want 401", p, resp.Status)
+		}
+	}
+	// A live fragment asked for by the page's script is 401, not a redirect.
+	req, _ := http.NewRequest("GET", r.url+"/overview/live", nil)
+	req.Header.Set("X-Console-Fetch", "1")
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("live fragment without a login: %s; want 401", resp.Status)
+	}
+}
+
+func TestLoginSetsAStrictHttpOnlyCookieAndRefusesAWrongToken(t *testing.T) {
+	r := newRig(t, nil)
+	c := noRedirect(nil)
+	resp, err := c.PostForm(r.url+"/login", url.Values{"token": {"not-the-token"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized || len(resp.Cookies()) != 0 || !strings.Contains(string(body), "not the ingress token") {
+		t.Fatalf("wrong token: %s, cookies %v", resp.Status, resp.Cookies())
+	}
+	resp, err = c.PostForm(r.url+"/login", url.Values{"token": {testToken}, "next": {"//evil.example/"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/" {
+		t.Fatalf("login: %s to %q; want 303 to / (never another host)", resp.Status, resp.Header.Get("Location"))
+	}
+	cks := resp.Cookies()
+	if len(cks) != 1 || !cks[0].HttpOnly || cks[0].SameSite != http.SameSiteStrictMode || cks[0].Path != "/" || strings.Contains(cks[0].Value, testToken) {
+		t.Fatalf("session cookie %+v: want one, HttpOnly, SameSite=Strict, Path=/, not the token", cks)
+	}
+}
+
+func TestStateChangesNeedTheCSRFTokenAndTheSameOrigin(t *testing.T) {
+	r := newRig(t, nil)
+	c, csrf := login(t, r.url)
+	form := url.Values{"worker": {"credential"}, "instance": {testHive}, "for": {"1h"}, "action": {"pause"}}
+	resp, err := c.PostForm(r.url+"/pause", form)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("pause without the CSRF token: %s; want 403", resp.Status)
+	}
+	form.Set("csrf", csrf)
+	req, _ := http.NewRequest("POST", r.url+"/pause", strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Sec-Fetch-Site", "cross-site")
+	resp, err = c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("cross-site pause with the token: %s; want 403", resp.Status)
+	}
+	resp, err = c.PostForm(r.url+"/pause", form)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("pause with the CSRF token: %s; want 303", resp.Status)
+	}
+}
+
+func TestSignedTypesCannotBePublishedWithoutASigner(t *testing.T) {
+	r := newRig(t, nil)
+	c, csrf := login(t, r.url)
+	for _, typ := range console.SignedTypes {
+		resp, err := c.Get(r.url + "/publish?type=" + typ)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(body), `id="cannot-publish"`) || strings.Contains(string(body), `id="publish"`) {
+			t.Errorf("the %s form without a signer does not say it cannot be published:\n%s", typ, body)
+		}
+		data := `{"hive":"hive-1","version":1,"clientId":"c","secret":"-----BEGIN AGE ENCRYPTED FILE-----\nx\n-----END AGE ENCRYPTED FILE-----\n"}`
+		if typ == events.TypeGrantChanged {
+			data = `{"machine":"m1","requirement":"postgres","generation":1,"given":[]}`
+		}
+		req, _ := http.NewRequest("POST", r.url+"/api/publish", strings.NewReader(`{"type":"`+typ+`","data":`+data+`}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-CSRF-Token", csrf)
+		resp, err = c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out console.PublishResponse
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden || !strings.Contains(out.Error, "cannot be published from here") {
+			t.Errorf("publishing %s without a signer: %s %q; want 403 saying why", typ, resp.Status, out.Error)
+		}
+	}
+	// A type that needs no signature is published, and followed.
+	req, _ := http.NewRequest("POST", r.url+"/api/publish", strings.NewReader(`{"type":"`+events.TypeReleasePublished+`","data":{"version":"1.2.3"}}`))
+	req.Header.Set("X-CSRF-Token", csrf)
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out console.PublishResponse
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted || out.Sequence == 0 || !strings.HasPrefix(out.Follow, "/key?") {
+		t.Fatalf("publish a release: %s %+v", resp.Status, out)
+	}
+}
+
+func TestElideData(t *testing.T) {
+	data := `{"hive":"h","secret":"hunter2-plaintext","given":[{"secret":"p4ss"}],"note":"-----BEGIN AGE ENCRYPTED FILE-----\nYWdl\n-----END AGE ENCRYPTED FILE-----","id":"AGE-SECRET-KEY-1QQQQ"}`
+	got := console.ElideData([]byte(data), false)
+	for _, leak := range []string{"hunter2", "p4ss", "YWdl", "AGE-SECRET-KEY-1QQQQ"} {
+		if strings.Contains(got, leak) {
+			t.Errorf("ElideData left %q in:\n%s", leak, got)
+		}
+	}
+	if !strings.Contains(got, `"hive": "h"`) {
+		t.Errorf("ElideData lost what is not secret:\n%s", got)
+	}
+	if got := console.ElideData([]byte(`not json, AGE-SECRET-KEY-1ABC`), false); strings.Contains(got, "AGE-SECRET-KEY-1ABC") {
+		t.Errorf("ElideData of non-JSON: %s", got)
+	}
+}

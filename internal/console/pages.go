@@ -1,0 +1,518 @@
+package console
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/ops"
+)
+
+// pageNames are the templates that are whole pages; each is parsed with
+// layout.html. Fragments (the live parts) are defined inside them.
+var pageNames = []string{"login", "overview", "key", "dlq", "letter", "confirm", "done", "publish", "error"}
+
+func parseTemplates() (map[string]*template.Template, error) {
+	funcs := template.FuncMap{
+		"ts":     func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+		"tsp":    func(t *time.Time) string { return tsp(t) },
+		"ago":    ago,
+		"keyURL": keyURL,
+		"dlqURL": func(worker string) string { return "/dlq?worker=" + url.QueryEscape(worker) },
+		"workerOf": func(dlqSubject string) string {
+			w, _ := splitDLQSubject(dlqSubject)
+			return w
+		},
+		"short": func(s string, n int) string {
+			if len([]rune(s)) <= n {
+				return s
+			}
+			return string([]rune(s)[:n]) + "…"
+		},
+		"seconds": func(f float64) string { return (time.Duration(f) * time.Second).Round(time.Second).String() },
+		"join":    strings.Join,
+		"keyQuery": func(d keyData) string {
+			v := url.Values{"worker": {d.Worker}, "key": {d.Key}}
+			if d.Instance != "" {
+				v.Set("instance", d.Instance)
+			}
+			if d.Follow != "" {
+				v.Set("event", d.Follow)
+			}
+			return v.Encode()
+		},
+	}
+	out := map[string]*template.Template{}
+	for _, name := range pageNames {
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFiles, "templates/layout.html", "templates/"+name+".html")
+		if err != nil {
+			return nil, fmt.Errorf("console template %s: %w", name, err)
+		}
+		out[name] = t
+	}
+	return out, nil
+}
+
+func tsp(t *time.Time) string {
+	if t == nil || t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format("2006-01-02 15:04:05Z")
+}
+
+// ago says how long before now t was, to the second.
+func ago(t *time.Time) string {
+	if t == nil || t.IsZero() {
+		return "-"
+	}
+	d := time.Since(*t).Round(time.Second)
+	if d < 0 {
+		return "in " + (-d).String()
+	}
+	return d.String() + " ago"
+}
+
+// keyURL is the key page of one key of one worker: every place the console
+// shows a key links to it.
+func keyURL(worker, key string) string {
+	return "/key?" + url.Values{"worker": {worker}, "key": {key}}.Encode()
+}
+
+// splitDLQSubject reads steward.dlq.<worker>.<instance>.
+func splitDLQSubject(s string) (worker, instance string) {
+	rest, ok := strings.CutPrefix(s, events.DLQPrefix+".")
+	if !ok {
+		return "", ""
+	}
+	worker, instance, _ = strings.Cut(rest, ".")
+	return worker, instance
+}
+
+func (c *Console) routes() {
+	m := http.NewServeMux()
+	m.HandleFunc("GET /login", c.loginPage)
+	m.HandleFunc("POST /login", c.login)
+	m.HandleFunc("GET /static/style.css", c.static.ServeHTTP) // the login page's look, nothing else
+	m.Handle("GET /static/", c.authed(func(w http.ResponseWriter, r *http.Request, _ *session) { c.static.ServeHTTP(w, r) }))
+	m.Handle("POST /logout", c.authed(c.logout))
+	m.Handle("GET /{$}", c.authed(c.overview))
+	m.Handle("GET /overview/live", c.authed(c.overviewLive))
+	m.Handle("POST /pause", c.authed(c.pause))
+	m.Handle("GET /key", c.authed(c.keyPage))
+	m.Handle("GET /key/live", c.authed(c.keyLive))
+	m.Handle("GET /dlq", c.authed(c.dlqPage))
+	m.Handle("GET /dlq/{seq}", c.authed(c.letterPage))
+	m.Handle("POST /dlq/confirm", c.authed(c.dlqConfirm))
+	m.Handle("POST /dlq/act", c.authed(c.dlqAct))
+	m.Handle("GET /publish", c.authed(c.publishPage))
+	m.Handle("POST /api/publish", c.authed(c.apiPublish))
+	// Anything else is 404 to a logged-in operator, and the login page or
+	// 401 to anyone else: no path says whether it exists without a login.
+	m.Handle("/", c.authed(func(w http.ResponseWriter, r *http.Request, _ *session) {
+		c.fail(w, r, http.StatusNotFound, fmt.Sprintf("no console page at %s: start from the overview", r.URL.Path))
+	}))
+	c.mux = m
+}
+
+// view is what every page template gets.
+type view struct {
+	Title string
+	Nav   string
+	CSRF  string
+	Data  any
+}
+
+func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, page string, se *session, data any) {
+	c.renderTemplate(w, status, page, "layout.html", se, data)
+}
+
+// renderFragment renders one template defined inside a page, for the live
+// parts that scripts fetch and swap in.
+func (c *Console) renderFragment(w http.ResponseWriter, page, fragment string, se *session, data any) {
+	c.renderTemplate(w, http.StatusOK, page, fragment, se, data)
+}
+
+func (c *Console) renderTemplate(w http.ResponseWriter, status int, page, name string, se *session, data any) {
+	v := view{Nav: page, Data: data}
+	if se != nil {
+		v.CSRF = se.csrf
+	}
+	var buf bytes.Buffer
+	if err := c.pages[page].ExecuteTemplate(&buf, name, v); err != nil {
+		c.cfg.Log.Error().Err(err).Str("page", page).Msg("console template failed")
+		http.Error(w, "the console could not render this page; its log says why", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = buf.WriteTo(w)
+}
+
+// fail answers with what went wrong: JSON to scripts, a page to people.
+func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	if strings.HasPrefix(r.URL.Path, "/api/") || r.Header.Get("X-Console-Fetch") != "" {
+		writeJSON(w, status, map[string]string{"error": msg})
+		return
+	}
+	c.render(w, r, status, "error", c.sessionOf(r), map[string]any{"Status": status, "Message": msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// overviewData is what ops.GetStatus computes, as `steward status` shows it.
+type overviewData struct {
+	Status *ops.Status
+	Error  string
+	Worker string
+}
+
+func (c *Console) overviewData(r *http.Request) overviewData {
+	worker := r.URL.Query().Get("worker")
+	st, err := ops.GetStatus(r.Context(), c.cfg.JS, ops.StatusOptions{Worker: worker, Limit: 200})
+	d := overviewData{Status: st, Worker: worker}
+	if err != nil {
+		d.Error = err.Error()
+	}
+	return d
+}
+
+func (c *Console) overview(w http.ResponseWriter, r *http.Request, se *session) {
+	c.render(w, r, http.StatusOK, "overview", se, c.overviewData(r))
+}
+
+func (c *Console) overviewLive(w http.ResponseWriter, r *http.Request, se *session) {
+	c.renderFragment(w, "overview", "live", se, c.overviewData(r))
+}
+
+// pause pauses or resumes one instance through ops, as `steward pause`
+// and `steward resume` do.
+func (c *Console) pause(w http.ResponseWriter, r *http.Request, _ *session) {
+	worker, instance := r.PostFormValue("worker"), r.PostFormValue("instance")
+	var err error
+	var what string
+	if r.PostFormValue("action") == "resume" {
+		_, err = ops.Resume(r.Context(), c.cfg.JS, worker, instance)
+		what = "resumed"
+	} else {
+		d, perr := time.ParseDuration(r.PostFormValue("for"))
+		if perr != nil || d <= 0 {
+			c.fail(w, r, http.StatusBadRequest, "pause for how long? give a duration such as 15m or 1h")
+			return
+		}
+		_, err = ops.Pause(r.Context(), c.cfg.JS, worker, instance, c.cfg.Now().Add(d))
+		what = "paused for " + d.String()
+	}
+	if err != nil {
+		c.fail(w, r, http.StatusConflict, err.Error())
+		return
+	}
+	c.cfg.Log.Info().Str("worker", worker).Str("instance", instance).Str("action", what).Msg("console: instance " + what)
+	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
+// keyData is ops.GetHistory's history of one key, with the event the page
+// follows after a publish.
+type keyData struct {
+	Worker, Key, Instance string
+	Follow                string
+	History               *ops.History
+	Error                 string
+	// Settled is the outcome or dead letter of the followed event, if any.
+	Settled *ops.Entry
+}
+
+func (c *Console) keyData(r *http.Request) keyData {
+	q := r.URL.Query()
+	d := keyData{Worker: q.Get("worker"), Key: q.Get("key"), Instance: q.Get("instance"), Follow: q.Get("event")}
+	h, err := ops.GetHistory(r.Context(), c.cfg.JS, ops.HistoryOptions{Worker: d.Worker, Key: d.Key, Instance: d.Instance})
+	if err != nil {
+		d.Error = err.Error()
+		return d
+	}
+	d.History = h
+	if d.Follow != "" {
+		// The settlement that counts is the one after the event's last
+		// delivery to the stream: a redriven event was dead-lettered once,
+		// and its new outcome is what the page waits for.
+		for i, e := range h.Entries {
+			switch {
+			case e.Kind == ops.EntryEvent && e.ID == d.Follow:
+				d.Settled = nil
+			case e.Kind != ops.EntryEvent && e.CausationID == d.Follow:
+				d.Settled = &h.Entries[i]
+			}
+		}
+	}
+	return d
+}
+
+func (c *Console) keyPage(w http.ResponseWriter, r *http.Request, se *session) {
+	c.render(w, r, http.StatusOK, "key", se, c.keyData(r))
+}
+
+func (c *Console) keyLive(w http.ResponseWriter, r *http.Request, se *session) {
+	c.renderFragment(w, "key", "live", se, c.keyData(r))
+}
+
+// dlqData is the dead letters a filter selects, read by steward dlq's code.
+type dlqData struct {
+	Filter  Filter
+	Since   string
+	Until   string
+	Letters []Letter
+	Types   []string
+	Error   string
+}
+
+func parseFilter(q url.Values) (Filter, error) {
+	f := Filter{Worker: strings.TrimSpace(q.Get("worker")), Type: q.Get("type"), Reason: strings.TrimSpace(q.Get("reason"))}
+	for _, p := range []struct {
+		name string
+		into *time.Time
+	}{{"since", &f.Since}, {"until", &f.Until}} {
+		v := strings.TrimSpace(q.Get(p.name))
+		if v == "" {
+			continue
+		}
+		t, err := parseTime(v)
+		if err != nil {
+			return f, fmt.Errorf("%s %q is not a time: give 2006-01-02T15:04 (UTC) or RFC 3339", p.name, v)
+		}
+		*p.into = t
+	}
+	return f, nil
+}
+
+func parseTime(v string) (time.Time, error) {
+	for _, layout := range []string{time.RFC3339, "2006-01-02T15:04:05", "2006-01-02T15:04", "2006-01-02"} {
+		if t, err := time.ParseInLocation(layout, v, time.UTC); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("not a time")
+}
+
+func (c *Console) dlqPage(w http.ResponseWriter, r *http.Request, se *session) {
+	q := r.URL.Query()
+	d := dlqData{Since: q.Get("since"), Until: q.Get("until")}
+	for _, k := range events.Kinds() {
+		d.Types = append(d.Types, k.Type)
+	}
+	f, err := parseFilter(q)
+	d.Filter = f
+	if err != nil {
+		d.Error = err.Error()
+	} else if d.Letters, err = c.cfg.DeadLetters.List(r.Context(), f); err != nil {
+		d.Error = err.Error()
+	}
+	c.render(w, r, http.StatusOK, "dlq", se, d)
+}
+
+// shownHeader is one header of a dead letter, its value elided.
+type shownHeader struct{ Name, Value string }
+
+type letterData struct {
+	Letter  Letter
+	Worker  string
+	Key     string
+	Headers []shownHeader
+	Data    string
+}
+
+func (c *Console) letterPage(w http.ResponseWriter, r *http.Request, se *session) {
+	seq, err := strconv.ParseUint(r.PathValue("seq"), 10, 64)
+	if err != nil || seq == 0 {
+		c.fail(w, r, http.StatusBadRequest, fmt.Sprintf("%q is not a %s sequence: pick a letter from the dead-letter page", r.PathValue("seq"), events.StreamDLQ))
+		return
+	}
+	l, err := c.cfg.DeadLetters.Get(r.Context(), seq)
+	if err != nil {
+		c.fail(w, r, http.StatusNotFound, err.Error())
+		return
+	}
+	d := letterData{Letter: l, Data: ElideData(l.Data, l.Truncated)}
+	d.Worker, _ = splitDLQSubject(l.DLQSubject)
+	if l.Event != nil {
+		d.Key = l.Event.Subject()
+	}
+	for k, vs := range l.Headers {
+		for _, v := range vs {
+			d.Headers = append(d.Headers, shownHeader{Name: k, Value: ops.Elide(v)})
+		}
+	}
+	slices.SortFunc(d.Headers, func(a, b shownHeader) int { return strings.Compare(a.Name, b.Name) })
+	c.render(w, r, http.StatusOK, "letter", se, d)
+}
+
+// selected reads the sequences a dead-letter form chose.
+func selected(r *http.Request) ([]uint64, error) {
+	if err := r.ParseForm(); err != nil {
+		return nil, err
+	}
+	var out []uint64
+	for _, v := range r.PostForm["seq"] {
+		seq, err := strconv.ParseUint(v, 10, 64)
+		if err != nil || seq == 0 {
+			return nil, fmt.Errorf("%q is not a %s sequence", v, events.StreamDLQ)
+		}
+		if !slices.Contains(out, seq) {
+			out = append(out, seq)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no dead letter selected: tick the letters to act on, then choose retry or remove")
+	}
+	return out, nil
+}
+
+type confirmData struct {
+	Action  string
+	Letters []Letter
+	Missing []uint64
+	Back    string
+}
+
+// dlqConfirm asks before acting, saying how many letters the action
+// touches and which, as they are now (a letter retried meanwhile is named
+// as gone, not silently dropped).
+func (c *Console) dlqConfirm(w http.ResponseWriter, r *http.Request, se *session) {
+	seqs, err := selected(r)
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	action := r.PostFormValue("action")
+	if action != "retry" && action != "remove" {
+		c.fail(w, r, http.StatusBadRequest, "choose retry or remove")
+		return
+	}
+	d := confirmData{Action: action, Back: safeNext(r.PostFormValue("back"))}
+	for _, seq := range seqs {
+		l, err := c.cfg.DeadLetters.Get(r.Context(), seq)
+		if err != nil {
+			d.Missing = append(d.Missing, seq)
+			continue
+		}
+		d.Letters = append(d.Letters, l)
+	}
+	c.render(w, r, http.StatusOK, "confirm", se, d)
+}
+
+// outcomeOf is what one action did to one letter.
+type outcomeOf struct {
+	Seq      uint64
+	Worker   string
+	Key      string
+	OK       bool
+	Message  string
+	EventID  string
+	Sequence uint64
+}
+
+type doneData struct {
+	Done     int
+	Action   string
+	Results  []outcomeOf
+	Refused  int
+	Back     string
+	Retried  bool
+	Selected int
+}
+
+func (c *Console) dlqAct(w http.ResponseWriter, r *http.Request, se *session) {
+	seqs, err := selected(r)
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	action := r.PostFormValue("action")
+	if action != "retry" && action != "remove" {
+		c.fail(w, r, http.StatusBadRequest, "choose retry or remove")
+		return
+	}
+	d := doneData{Action: action, Back: safeNext(r.PostFormValue("back")), Retried: action == "retry", Selected: len(seqs)}
+	for _, seq := range seqs {
+		res := outcomeOf{Seq: seq}
+		l, err := c.cfg.DeadLetters.Get(r.Context(), seq)
+		if err == nil {
+			res.Worker, _ = splitDLQSubject(l.DLQSubject)
+			if l.Event != nil {
+				res.Key = l.Event.Subject()
+			}
+			if action == "retry" {
+				var rt Retried
+				rt, err = c.cfg.DeadLetters.Retry(r.Context(), l)
+				res.EventID, res.Sequence = rt.EventID, rt.Sequence
+				if err == nil {
+					res.Message = fmt.Sprintf("republished to %s at %s sequence %d", rt.Subject, events.StreamEvents, rt.Sequence)
+					if rt.Already {
+						res.Message += " (an earlier retry had stored it; the letter is removed now)"
+					}
+				}
+			} else if err = c.cfg.DeadLetters.Remove(r.Context(), seq); err == nil {
+				res.Message = "removed from " + events.StreamDLQ
+			}
+		}
+		if err != nil {
+			d.Refused++
+			res.Message = ops.Elide(err.Error())
+		} else {
+			res.OK = true
+		}
+		c.cfg.Log.Info().Uint64("dlq_seq", seq).Str("action", action).Bool("ok", res.OK).Msg("console: dead letter " + action)
+		d.Results = append(d.Results, res)
+	}
+	d.Done = len(d.Results) - d.Refused
+	c.render(w, r, http.StatusOK, "done", se, d)
+}
+
+// secretFields are data fields whose value a page never shows, whatever it
+// holds: a letter may be dead because a plaintext was pasted where the
+// ciphertext belongs.
+var secretFields = []string{"secret", "password", "token", "privatekey", "identity"}
+
+// ElideData is a dead letter's data as the console shows it: pretty JSON
+// with every secret-named field's value replaced by "[elided]", then any
+// armored block or age identity elided (ops.Elide) wherever it is. Data
+// that is not JSON is shown quoted, elided the same way.
+func ElideData(data []byte, truncated bool) string {
+	var v any
+	if !truncated && json.Unmarshal(data, &v) == nil {
+		v = elideValue(v)
+		out, err := json.MarshalIndent(v, "", "  ")
+		if err == nil {
+			return ops.Elide(string(out))
+		}
+	}
+	return ops.Elide(strconv.Quote(string(data)))
+}
+
+func elideValue(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, val := range x {
+			if slices.ContainsFunc(secretFields, func(s string) bool { return strings.Contains(strings.ToLower(k), s) }) {
+				x[k] = "[elided]"
+				continue
+			}
+			x[k] = elideValue(val)
+		}
+	case []any:
+		for i := range x {
+			x[i] = elideValue(x[i])
+		}
+	}
+	return v
+}
