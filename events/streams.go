@@ -109,6 +109,10 @@ func (c StreamConfig) StreamConfigs() []jetstream.StreamConfig {
 			Storage: jetstream.FileStorage, Replicas: replicas,
 			Duplicates: c.Dedupe, MaxAge: c.Retention,
 			MaxConsumers: c.MaxConsumers, MaxBytes: c.MaxBytes, MaxMsgSize: c.MaxMsgSize,
+			// Reads by sequence (the order check, fleet instances reading
+			// the stream) are answered by the stream's own direct-get
+			// responders instead of queueing on the JetStream API.
+			AllowDirect: true,
 			Discard:     jetstream.DiscardNew,
 			Description: "Steward state changes, kept for replay",
 		},

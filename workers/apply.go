@@ -100,7 +100,9 @@ func (w *Worker) apply(ctx context.Context, h *held, log zerolog.Logger) (string
 	// this process has not seen every delivery since it last settled the
 	// key (a start, a gap in the consumer sequence), or if this is a
 	// redelivery; otherwise the scan is skipped (order.go).
-	if !cached || h.delivered > 1 {
+	// The stream reader reads every event of its subjects itself, in
+	// order, so none can be held elsewhere.
+	if w.reader == nil && (!cached || h.delivered > 1) {
 		behind, err := w.earlierUnsettled(ctx, h, cp.Applied)
 		if err != nil {
 			return "", 0, err

@@ -30,12 +30,22 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer cancelHandlers()
 	w.handlerCtx = hctx
 
+	readerDone := make(chan struct{})
+	var readErr error
+	if w.reader != nil {
+		go func() {
+			defer close(readerDone)
+			readErr = w.runReader(ctx)
+		}()
+		err := w.serve(ctx, readerDone, &readErr, func() {}, cancelHandlers)
+		// What the handlers settled while shutting down moves the cursor.
+		w.saveCursor(context.WithoutCancel(ctx))
+		return err
+	}
 	it, err := w.consumer.Messages(jetstream.PullMaxMessages(max(2*w.o.concurrency, 16)))
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", w.consumerName(), err)
 	}
-	readerDone := make(chan struct{})
-	var readErr error
 	go func() {
 		defer close(readerDone)
 		for {
@@ -59,10 +69,17 @@ func (w *Worker) Run(ctx context.Context) error {
 			w.accept(msg)
 		}
 	}()
+	return w.serve(ctx, readerDone, &readErr, it.Drain, cancelHandlers)
+}
+
+// serve runs the lanes while the reader (a consumer's iterator, or the
+// stream reader) feeds them, then shuts down as Run says: drain stops the
+// reader, and readerDone closes once it has stopped.
+func (w *Worker) serve(ctx context.Context, readerDone chan struct{}, readErr *error, drain func(), cancelHandlers context.CancelFunc) error {
 	hbDone := make(chan struct{})
 	hbStop := make(chan struct{})
 	go w.heartbeats(hbStop, hbDone)
-	w.log.Info().Str("consumer", w.consumerName()).Strs("subjects", w.spec.Subjects).Msg("worker consuming")
+	w.log.Info().Str("consumer", w.consumerName()).Str("read_mode", w.o.readMode.String()).Strs("subjects", w.spec.Subjects).Msg("worker consuming")
 
 	select {
 	case <-ctx.Done():
@@ -71,7 +88,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.stopping.Store(true)
 	close(w.stop)
-	it.Drain()
+	drain()
 	<-readerDone
 	w.releaseQueued()
 
@@ -86,9 +103,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	close(hbStop)
 	<-hbDone
-	if readErr != nil {
-		w.log.Error().Err(readErr).Msg("worker stopped")
-		return readErr
+	if *readErr != nil {
+		w.log.Error().Err(*readErr).Msg("worker stopped")
+		return *readErr
 	}
 	w.log.Info().Msg("worker stopped")
 	return nil
@@ -106,7 +123,7 @@ func (w *Worker) accept(msg jetstream.Msg) {
 		w.release(h)
 		return
 	}
-	if last := w.lastConsumerSeq; last != 0 && meta.Sequence.Consumer != last+1 {
+	if last := w.lastConsumerSeq; last != 0 && meta.Sequence.Consumer != 0 && meta.Sequence.Consumer != last+1 {
 		// Deliveries went elsewhere: another process of this instance,
 		// or a pull lost on a reconnect. Checkpoints cached here may be
 		// stale and an earlier event of a key may be held elsewhere.

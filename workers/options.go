@@ -21,6 +21,8 @@ type options struct {
 	statusInterval time.Duration
 	onSettled      func(Settlement)
 	tracerProvider trace.TracerProvider
+	readMode       ReadMode
+	resync         time.Duration
 	newBackoff     func() backoff.BackOff
 	logger         zerolog.Logger
 	registerer     prometheus.Registerer
@@ -33,6 +35,7 @@ func defaultOptions() options {
 		maxDeliver:     DefaultMaxDeliver,
 		maxPanics:      DefaultMaxPanics,
 		statusInterval: DefaultStatusInterval,
+		resync:         DefaultResync,
 		concurrency:    DefaultConcurrency,
 		shutdownGrace:  DefaultShutdownGrace,
 		replicas:       1,
@@ -94,6 +97,15 @@ func WithStatusInterval(d time.Duration) Option { return func(o *options) { o.st
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(o *options) { o.tracerProvider = tp }
 }
+
+// WithReadMode sets how the instance reads its events: through its durable
+// consumer (ReadConsumer, the default) or straight from the stream
+// (ReadStream, for fleets of host-bound instances; see ReadStream).
+func WithReadMode(m ReadMode) Option { return func(o *options) { o.readMode = m } }
+
+// WithResync sets how often a ReadStream instance reads its subjects again
+// with nothing to wake it (DefaultResync).
+func WithResync(d time.Duration) Option { return func(o *options) { o.resync = d } }
 
 // WithSettledHook calls fn once the ack of every settled event is
 // confirmed (benchmarks and tests measure publish-to-settled with it). fn

@@ -61,6 +61,10 @@ type Worker struct {
 	lastConsumerSeq uint64
 	epoch           atomic.Uint64
 
+	// reader is set under ReadStream: the instance reads its subjects
+	// from the stream, with no consumer (reader.go).
+	reader *reader
+
 	// lastStatus is the status document last written (without its time).
 	lastStatus []byte
 
@@ -153,6 +157,15 @@ func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts
 	w.state = &State{kv: kv, prefix: "st." + spec.Name + "." + spec.Instance + "."}
 	if w.stream, err = js.Stream(ctx, events.StreamEvents); err != nil {
 		return nil, fmt.Errorf("stream %s: %w", events.StreamEvents, err)
+	}
+	if o.readMode == ReadStream {
+		w.reader = &reader{scanned: map[string]uint64{}, pending: map[uint64]string{}, wake: make(chan struct{}, 1), save: make(chan struct{}, 1)}
+		for _, subj := range spec.Subjects {
+			// Every subject is in the cursor from the start, so what
+			// is settled can be told for each (Settled).
+			w.reader.scanned[subj] = 0
+		}
+		return w, nil
 	}
 	if w.consumer, err = w.ensureConsumer(ctx); err != nil {
 		return nil, err

@@ -47,5 +47,6 @@ machine: a shared machine's figures drift.`,
 	fs.DurationVar(&o.Idle, "idle", 10*time.Second, "how long the idle servers' CPU is measured")
 	fs.DurationVar(&o.Timeout, "timeout", 5*time.Minute, "give up on a phase after this long")
 	fs.StringVar(&o.ServerBin, "nats-server", "", "a nats-server binary to run (empty: build it from the module)")
+	fs.Var(readModeFlag{&o.ReadMode}, "read-mode", "how the instances read their events: consumer (a durable consumer each) or stream (from the stream, no consumer)")
 	return cmd
 }

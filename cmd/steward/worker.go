@@ -22,7 +22,29 @@ type runtimeFlags struct {
 	maxBackoff    time.Duration
 	concurrency   int
 	shutdownGrace time.Duration
+	readMode      workers.ReadMode
 }
+
+// readModeFlag is a workers.ReadMode as a flag: consumer or stream.
+type readModeFlag struct{ m *workers.ReadMode }
+
+func (f readModeFlag) String() string {
+	if f.m == nil {
+		return workers.ReadConsumer.String()
+	}
+	return f.m.String()
+}
+
+func (f readModeFlag) Set(s string) error {
+	m, err := workers.ParseReadMode(s)
+	if err != nil {
+		return err
+	}
+	*f.m = m
+	return nil
+}
+
+func (readModeFlag) Type() string { return "mode" }
 
 func (r *runtimeFlags) add(fs *pflag.FlagSet) {
 	fs.DurationVar(&r.ackWait, "ack-wait", workers.DefaultAckWait, "how long NATS waits for an ack before it redelivers (handlers heartbeat, so only a crash lets it expire)")
@@ -31,6 +53,7 @@ func (r *runtimeFlags) add(fs *pflag.FlagSet) {
 	fs.DurationVar(&r.maxBackoff, "max-backoff", workers.DefaultMaxBackoff, "the longest wait between two attempts of a failing event (retried for as long as it fails)")
 	fs.IntVar(&r.concurrency, "concurrency", workers.DefaultConcurrency, "keys handled at once")
 	fs.DurationVar(&r.shutdownGrace, "shutdown-grace", workers.DefaultShutdownGrace, "how long in-flight handlers may run on after SIGTERM")
+	fs.Var(readModeFlag{&r.readMode}, "read-mode", "how the instance reads its events: consumer (a durable consumer; several processes may share the instance) or stream (no consumer, one process per instance: for fleets of host-bound workers)")
 }
 
 func (r *runtimeFlags) options(g *globals, reg prometheus.Registerer) []workers.Option {
@@ -44,6 +67,7 @@ func (r *runtimeFlags) options(g *globals, reg prometheus.Registerer) []workers.
 		workers.WithBackoff(workers.BackoffUpTo(r.maxBackoff)),
 		workers.WithConcurrency(r.concurrency),
 		workers.WithShutdownGrace(r.shutdownGrace),
+		workers.WithReadMode(r.readMode),
 	}
 }
 

@@ -44,6 +44,9 @@ type Options struct {
 	Timeout time.Duration
 	// ServerBin is a nats-server binary; empty builds one (BuildServer).
 	ServerBin string
+	// ReadMode is how the instances read their events (the runtime's
+	// WithReadMode): through a consumer each, or from the stream.
+	ReadMode workers.ReadMode
 	// Progress, when set, is told what the bench is doing.
 	Progress func(format string, args ...any)
 }
@@ -52,6 +55,7 @@ type Options struct {
 // the instances (after the servers were up) unless said otherwise.
 type Result struct {
 	Instances int
+	ReadMode  workers.ReadMode
 	Nodes     int
 	Conns     int
 	// ServersUp is how long the servers took to start and form.
@@ -91,7 +95,7 @@ func (r Result) PerInstance() (total, growth float64) {
 func (r Result) String() string {
 	var b strings.Builder
 	total, growth := r.PerInstance()
-	fmt.Fprintf(&b, "instances                  %d on %d server process(es), %d shared connections\n", r.Instances, r.Nodes, r.Conns)
+	fmt.Fprintf(&b, "instances                  %d on %d server process(es), %d shared connections, reading by %s\n", r.Instances, r.Nodes, r.Conns, r.ReadMode)
 	fmt.Fprintf(&b, "servers up                 %v\n", r.ServersUp.Round(time.Millisecond))
 	fmt.Fprintf(&b, "all consuming              %v after the bench's start (%v from the first instance's start)\n", r.AllConsuming.Round(time.Millisecond), r.Starting.Round(time.Millisecond))
 	for i := range r.RSS {
@@ -158,7 +162,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		}
 	}
 
-	res := Result{Instances: o.Instances, Conns: o.Conns, Idle: o.Idle}
+	res := Result{Instances: o.Instances, Conns: o.Conns, Idle: o.Idle, ReadMode: o.ReadMode}
 	start := time.Now()
 	nodes, replicas := 1, 1
 	if o.Cluster {
@@ -223,7 +227,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			err := retry(sctx, o.Timeout, func() error {
 				w, err := workers.New(sctx, js, Spec(i), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
 					return d.Emit(ctx, "applied", map[string]any{"hive": d.Key})
-				}), workers.WithRegisterer(reg), workers.WithSettledHook(func(s workers.Settlement) {
+				}), workers.WithRegisterer(reg), workers.WithReadMode(o.ReadMode), workers.WithSettledHook(func(s workers.Settlement) {
 					settledAt[i].CompareAndSwap(0, s.Settled.UnixNano())
 				}))
 				ws[i] = w

@@ -27,9 +27,9 @@ package workertest
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -220,55 +220,25 @@ func waitUntil(t testing.TB, what func() string, cond func() bool) {
 	}
 }
 
-// WaitIdle waits until the consumer has settled every event stored for
-// its subjects: it has acknowledged (or terminated) up to the last such
-// event and holds nothing unacknowledged. Events published before the call
-// are covered even when the consumer has not counted them as pending yet.
+// WaitIdle waits until the worker instance whose consumer name is
+// consumer ("<worker>-<instance>") has settled every event stored for its
+// subjects (workers.Settled: acknowledged through its durable consumer, or
+// its stream cursor past the last event when it reads the stream). Events
+// published before the call are covered even when they were not delivered
+// yet.
 func WaitIdle(t testing.TB, js jetstream.JetStream, consumer string) {
 	t.Helper()
+	worker, instance, _ := strings.Cut(consumer, "-")
 	var state string
-	waitUntil(t, func() string { return "consumer " + consumer + " is idle (" + state + ")" }, func() bool {
-		idle, s, err := isIdle(js, consumer)
+	waitUntil(t, func() string { return consumer + " is idle (" + state + ")" }, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		idle, s, err := workers.Settled(ctx, js, worker, instance)
 		if state = s; err != nil {
 			state = err.Error()
 		}
 		return idle
 	})
-}
-
-func isIdle(js jetstream.JetStream, consumer string) (bool, string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	stream, err := js.Stream(ctx, events.StreamEvents)
-	if err != nil {
-		return false, "", err
-	}
-	c, err := stream.Consumer(ctx, consumer)
-	if err != nil {
-		return false, "", err
-	}
-	info, err := c.Info(ctx)
-	if err != nil {
-		return false, "", err
-	}
-	filters := info.Config.FilterSubjects
-	if info.Config.FilterSubject != "" {
-		filters = append(filters, info.Config.FilterSubject)
-	}
-	var last uint64
-	for _, f := range filters {
-		m, err := stream.GetLastMsgForSubject(ctx, f)
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			continue
-		}
-		if err != nil {
-			return false, "", err
-		}
-		last = max(last, m.Sequence)
-	}
-	state := fmt.Sprintf("last event %d, acknowledged up to %d, pending %d, unacknowledged %d",
-		last, info.AckFloor.Stream, info.NumPending, info.NumAckPending)
-	return info.AckFloor.Stream >= last && info.NumAckPending == 0 && info.NumPending == 0, state, nil
 }
 
 // Outcomes returns the outcomes a worker instance has emitted, in order.

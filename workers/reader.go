@@ -1,0 +1,358 @@
+package workers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/steward-dev/steward/events"
+)
+
+// ReadMode is how a worker instance reads its events from STEWARD_EVENTS.
+type ReadMode int
+
+const (
+	// ReadConsumer reads through the instance's durable pull consumer,
+	// <worker>-<instance>: several processes of one instance share its
+	// work, JetStream redelivers what a dead process held, and operators
+	// pause it and read its backlog from the consumer. Every instance
+	// costs the server a consumer.
+	ReadConsumer ReadMode = iota
+	// ReadStream reads the instance's subjects straight from the stream,
+	// by sequence, with no consumer at all: a core NATS subscription on
+	// its own subjects wakes it when an event is stored, and it reads
+	// what was stored after its cursor (the last sequence it has settled
+	// everything up to, kept in the checkpoint bucket). An idle instance
+	// costs the server one subscription. It is for fleets of host-bound
+	// instances, each run by one process: two processes of one instance
+	// would both run its events (the checkpoint keeps a key from moving
+	// back, but a handler may run twice).
+	ReadStream
+)
+
+// String names the mode as --read-mode takes it.
+func (m ReadMode) String() string {
+	if m == ReadStream {
+		return "stream"
+	}
+	return "consumer"
+}
+
+// ParseReadMode reads "consumer" or "stream".
+func ParseReadMode(s string) (ReadMode, error) {
+	switch s {
+	case "consumer", "":
+		return ReadConsumer, nil
+	case "stream":
+		return ReadStream, nil
+	}
+	return ReadConsumer, fmt.Errorf("read mode %q: want consumer or stream", s)
+}
+
+// DefaultResync is how often a stream-reading instance reads its subjects
+// again with nothing to wake it: what covers a wake-up lost while the
+// connection was down. A reconnect reads them at once too.
+const DefaultResync = 5 * time.Minute
+
+// cursorDoc is the stream reader's durable progress: per subject, the
+// stream sequence up to which every event has been settled.
+type cursorDoc struct {
+	Subjects map[string]uint64 `json:"subjects"`
+}
+
+// cursorKey is where an instance's cursor is kept: a checkpoint key, so
+// whoever may write the instance's checkpoints may write it.
+func (w *Worker) cursorKey() string { return "cp." + w.spec.Name + "." + w.spec.Instance + "._cursor" }
+
+// CursorKey is where a stream-reading worker instance keeps its cursor in
+// CheckpointBucket: the sequence, per subject, up to which it has settled
+// every event.
+func CursorKey(worker, instance string) string { return "cp." + worker + "." + instance + "._cursor" }
+
+// reader is the state of ReadStream: what was read and not yet settled,
+// and how far each subject has been read.
+type reader struct {
+	mu      sync.Mutex
+	scanned map[string]uint64 // per subject, the last sequence read
+	pending map[uint64]string // read and not settled yet: sequence to subject
+	saved   map[string]uint64 // the cursor last written
+	rev     uint64
+	wake    chan struct{}
+	// save is signalled when nothing read is left unsettled, so the
+	// cursor is written without waiting for the next read.
+	save chan struct{}
+}
+
+// cursor is what may be written as the cursor: per subject, one below the
+// lowest sequence still pending there, or the last sequence read.
+func (r *reader) cursor() map[string]uint64 {
+	c := maps.Clone(r.scanned)
+	for seq, subj := range r.pending {
+		if seq-1 < c[subj] {
+			c[subj] = seq - 1
+		}
+	}
+	return c
+}
+
+func (r *reader) signal() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// runReader reads the instance's subjects from the stream until ctx ends:
+// at start, whenever a subscription says something was stored on them, on
+// a reconnect, and every resync interval.
+func (w *Worker) runReader(ctx context.Context) error {
+	r := w.reader
+	nc := w.js.Conn()
+	var subs []*nats.Subscription
+	for _, subj := range w.spec.Subjects {
+		sub, err := nc.Subscribe(subj, func(*nats.Msg) { r.signal() })
+		if err != nil {
+			return fmt.Errorf("subscribe to %s for worker %s: %w", subj, w.consumerName(), err)
+		}
+		subs = append(subs, sub)
+	}
+	defer func() {
+		for _, s := range subs {
+			_ = s.Unsubscribe()
+		}
+	}()
+	if err := w.loadCursor(ctx); err != nil {
+		return err
+	}
+	// Spread the fleet's resyncs, so ten thousand hosts do not read at once.
+	resync := time.NewTimer(w.o.resync/2 + rand.N(w.o.resync))
+	defer resync.Stop()
+	// A wake-up published while the connection was down is lost: a
+	// reconnect reads again. The connection's count is local, so checking
+	// it costs the server nothing (its reconnect handler is the owner's).
+	reconnects := nc.Stats().Reconnects
+	check := time.NewTicker(time.Second)
+	defer check.Stop()
+	r.signal()
+	for {
+		select {
+		case <-ctx.Done():
+			w.saveCursor(context.WithoutCancel(ctx))
+			return nil
+		case <-r.wake:
+		case <-r.save:
+			w.saveCursor(ctx)
+			continue
+		case <-check.C:
+			n := nc.Stats().Reconnects
+			if n == reconnects {
+				continue
+			}
+			reconnects = n
+		case <-resync.C:
+			resync.Reset(w.o.resync)
+		}
+		if err := w.scan(ctx); err != nil {
+			if ctx.Err() != nil {
+				continue
+			}
+			w.log.Warn().Err(err).Msg("reading the stream failed; reading again shortly")
+			time.AfterFunc(time.Second, r.signal)
+			continue
+		}
+		w.saveCursor(ctx)
+	}
+}
+
+// scan reads every event stored on the instance's subjects after what was
+// read, and hands each to the lanes as a delivery would be.
+func (w *Worker) scan(ctx context.Context) error {
+	r := w.reader
+	for _, subj := range w.spec.Subjects {
+		for {
+			r.mu.Lock()
+			from := r.scanned[subj] + 1
+			r.mu.Unlock()
+			gctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			m, err := w.stream.GetMsg(gctx, from, jetstream.WithGetMsgSubject(subj))
+			cancel()
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				break
+			}
+			if err != nil {
+				return fmt.Errorf("read %s after sequence %d: %w", subj, from-1, err)
+			}
+			r.mu.Lock()
+			r.scanned[subj] = m.Sequence
+			r.pending[m.Sequence] = subj
+			r.mu.Unlock()
+			w.accept(&storedMsg{raw: m, w: w})
+		}
+	}
+	return nil
+}
+
+// loadCursor reads the cursor; without one, an instance upgraded from
+// ReadConsumer starts after its old consumer's ack floor (everything at or
+// below it was settled), and a new one at the start of the stream (the
+// checkpoints skip what was already applied).
+func (w *Worker) loadCursor(ctx context.Context) error {
+	r := w.reader
+	entry, err := w.kv.Get(ctx, w.cursorKey())
+	switch {
+	case err == nil:
+		var doc cursorDoc
+		if err := json.Unmarshal(entry.Value(), &doc); err != nil {
+			return fmt.Errorf("the cursor of %s (%s) is not readable: %w; delete it to read the stream from the start, the checkpoints skip what was applied", w.consumerName(), w.cursorKey(), err)
+		}
+		r.mu.Lock()
+		for subj, seq := range doc.Subjects {
+			if slices.Contains(w.spec.Subjects, subj) {
+				r.scanned[subj] = seq
+			}
+		}
+		r.saved, r.rev = maps.Clone(r.scanned), entry.Revision()
+		r.mu.Unlock()
+		return nil
+	case !errors.Is(err, jetstream.ErrKeyNotFound):
+		return fmt.Errorf("read the cursor of %s: %w", w.consumerName(), err)
+	}
+	return w.adoptConsumer(ctx)
+}
+
+// adoptConsumer moves an instance from its durable consumer to the stream
+// reader: the consumer's ack floor becomes the cursor of every subject,
+// then the consumer is deleted, once, so it stops costing the server.
+// Events after the floor are read again; those applied and not acked are
+// skipped by their checkpoints, so nothing is lost or applied twice.
+func (w *Worker) adoptConsumer(ctx context.Context) error {
+	c, err := w.js.Consumer(ctx, events.StreamEvents, w.consumerName())
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("look up the consumer %s to move it to the stream reader: %w", w.consumerName(), err)
+	}
+	floor := c.CachedInfo().AckFloor.Stream
+	r := w.reader
+	r.mu.Lock()
+	for _, subj := range w.spec.Subjects {
+		r.scanned[subj] = floor
+	}
+	r.mu.Unlock()
+	if err := w.saveCursorNow(ctx); err != nil {
+		return err
+	}
+	if err := w.js.DeleteConsumer(ctx, events.StreamEvents, w.consumerName()); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("delete the consumer %s after moving to the stream reader (its cursor is saved, so it is safe to delete by hand): %w", w.consumerName(), err)
+	}
+	w.log.Info().Uint64("ack_floor", floor).Msg("moved from a durable consumer to the stream reader; the consumer is deleted")
+	return nil
+}
+
+// saveCursor writes the cursor when it moved; a failure is logged and the
+// next save tries again (an old cursor only means reading more again).
+func (w *Worker) saveCursor(ctx context.Context) {
+	if err := w.saveCursorNow(ctx); err != nil {
+		w.log.Debug().Err(err).Msg("cursor not saved; it is saved again later")
+	}
+}
+
+func (w *Worker) saveCursorNow(ctx context.Context) error {
+	r := w.reader
+	r.mu.Lock()
+	c := r.cursor()
+	same := maps.Equal(c, r.saved)
+	rev := r.rev
+	r.mu.Unlock()
+	if same {
+		return nil
+	}
+	raw, err := json.Marshal(cursorDoc{Subjects: c})
+	if err != nil {
+		return err
+	}
+	// Only this process reads this instance, so the write is plain; the
+	// revision is kept to say what was written, not to race anyone.
+	next, err := w.kv.Put(ctx, w.cursorKey(), raw)
+	if err != nil {
+		return fmt.Errorf("save the cursor of %s: %w", w.consumerName(), err)
+	}
+	_ = rev
+	r.mu.Lock()
+	r.saved, r.rev = c, next
+	r.mu.Unlock()
+	return nil
+}
+
+// settled notes that the event at seq is settled; released, that it was
+// handed back unsettled (at shutdown, or when it could not be settled),
+// so it is read again.
+func (r *reader) settled(seq uint64) {
+	r.mu.Lock()
+	delete(r.pending, seq)
+	idle := len(r.pending) == 0
+	r.mu.Unlock()
+	if idle {
+		select {
+		case r.save <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (r *reader) released(seq uint64) {
+	r.mu.Lock()
+	if subj, ok := r.pending[seq]; ok && r.scanned[subj] >= seq {
+		r.scanned[subj] = seq - 1
+	}
+	delete(r.pending, seq)
+	r.mu.Unlock()
+}
+
+// storedMsg is an event read from the stream by sequence, standing in for a
+// consumer's delivery: settling it settles the reader's cursor, and what
+// JetStream would do for a consumer (redelivery, AckWait) the reader does
+// by reading again.
+type storedMsg struct {
+	raw *jetstream.RawStreamMsg
+	w   *Worker
+}
+
+func (m *storedMsg) Metadata() (*jetstream.MsgMetadata, error) {
+	return &jetstream.MsgMetadata{
+		Sequence:     jetstream.SequencePair{Stream: m.raw.Sequence},
+		NumDelivered: 1,
+		Timestamp:    m.raw.Time,
+		Stream:       events.StreamEvents,
+	}, nil
+}
+
+func (m *storedMsg) Data() []byte                       { return m.raw.Data }
+func (m *storedMsg) Headers() nats.Header               { return m.raw.Header }
+func (m *storedMsg) Subject() string                    { return m.raw.Subject }
+func (m *storedMsg) Reply() string                      { return "" }
+func (m *storedMsg) Ack() error                         { m.w.reader.settled(m.raw.Sequence); return nil }
+func (m *storedMsg) DoubleAck(context.Context) error    { return m.Ack() }
+func (m *storedMsg) Term() error                        { return m.Ack() }
+func (m *storedMsg) TermWithReason(string) error        { return m.Ack() }
+func (m *storedMsg) InProgress() error                  { return nil }
+func (m *storedMsg) Nak() error                         { m.w.reader.released(m.raw.Sequence); return nil }
+func (m *storedMsg) NakWithDelay(d time.Duration) error { return m.later(d) }
+
+// later reads the event again after d, as a consumer's delayed redelivery
+// would deliver it.
+func (m *storedMsg) later(d time.Duration) error {
+	m.w.reader.released(m.raw.Sequence)
+	time.AfterFunc(d, m.w.reader.signal)
+	return nil
+}

@@ -1,0 +1,146 @@
+package workers_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/workertest"
+)
+
+func TestTheStreamReaderAppliesWithNoConsumer(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	rec := newRecorder()
+	h := workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		rec.record(d.Key, versionOf(t, d))
+		return d.Emit(ctx, "applied", nil)
+	})
+	for v := uint64(1); v <= 3; v++ {
+		publishRotation(t, js, "hive-s", v)
+	}
+	r := workertest.Start(t, js, hostSpec("hive-s"), h, workers.WithReadMode(workers.ReadStream))
+	workertest.WaitIdle(t, js, r.ConsumerName())
+	publishRotation(t, js, "hive-s", 4)
+	workertest.WaitIdle(t, js, r.ConsumerName())
+	for v := uint64(1); v <= 4; v++ {
+		if rec.count(v) != 1 {
+			t.Fatalf("version %d handled %d times, want once", v, rec.count(v))
+		}
+	}
+	s, err := js.Stream(context.Background(), events.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := s.Info(context.Background()); info.State.Consumers != 0 {
+		t.Fatalf("the stream has %d consumers; a stream reader needs none", info.State.Consumers)
+	}
+
+	// A restart reads from its cursor: nothing is handled twice, and what
+	// was published while it was down is handled.
+	if err := r.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	publishRotation(t, js, "hive-s", 5)
+	r2 := workertest.Start(t, js, hostSpec("hive-s"), h, workers.WithReadMode(workers.ReadStream))
+	workertest.WaitIdle(t, js, r2.ConsumerName())
+	for v := uint64(1); v <= 5; v++ {
+		if rec.count(v) != 1 {
+			t.Fatalf("after a restart, version %d handled %d times, want once", v, rec.count(v))
+		}
+	}
+}
+
+func TestTheStreamReaderRetriesAndDeadLetters(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	rec := newRecorder()
+	reg := prometheus.NewRegistry()
+	r := workertest.Start(t, js, hostSpec("hive-f"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		v := versionOf(t, d)
+		n := rec.record(d.Key, v)
+		switch {
+		case v == 1 && n <= 2:
+			return fmt.Errorf("dependency down (attempt %d)", n)
+		case v == 2:
+			return workers.Permanent(errors.New("no retry can read this"))
+		}
+		return d.Emit(ctx, "applied", nil)
+	}), workers.WithReadMode(workers.ReadStream), fastRetries(), workers.WithRegisterer(reg))
+	publishRotation(t, js, "hive-f", 1)
+	publishRotation(t, js, "hive-f", 2)
+	publishRotation(t, js, "hive-f", 3)
+	workertest.WaitIdle(t, js, r.ConsumerName())
+	if rec.count(1) != 3 || rec.count(2) != 1 || rec.count(3) != 1 {
+		t.Fatalf("handled v1 %d, v2 %d, v3 %d times; want 3, 1, 1", rec.count(1), rec.count(2), rec.count(3))
+	}
+	if dls := workertest.DeadLetters(t, js, testWorker, "hive-f"); len(dls) != 1 {
+		t.Fatalf("%d dead letters, want the permanent one", len(dls))
+	}
+	if got := counter(t, reg, "retried"); got != 2 {
+		t.Fatalf("retried %v, want 2", got)
+	}
+}
+
+// TestMovingFromAConsumerToTheStreamReader upgrades an instance that read
+// through its durable consumer: the consumer's ack floor becomes the
+// cursor, the consumer is deleted, and nothing is lost or handled twice.
+func TestMovingFromAConsumerToTheStreamReader(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	rec := newRecorder()
+	h := workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		rec.record(d.Key, versionOf(t, d))
+		return nil
+	})
+	old := workertest.Start(t, js, hostSpec("hive-m"), h)
+	publishRotation(t, js, "hive-m", 1)
+	publishRotation(t, js, "hive-m", 2)
+	workertest.WaitIdle(t, js, old.ConsumerName())
+	if err := old.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	publishRotation(t, js, "hive-m", 3)
+
+	r := workertest.Start(t, js, hostSpec("hive-m"), h, workers.WithReadMode(workers.ReadStream))
+	workertest.WaitIdle(t, js, r.ConsumerName())
+	for v := uint64(1); v <= 3; v++ {
+		if rec.count(v) != 1 {
+			t.Fatalf("version %d handled %d times across the move, want once", v, rec.count(v))
+		}
+	}
+	if _, err := js.Consumer(context.Background(), events.StreamEvents, r.ConsumerName()); err == nil {
+		t.Fatal("the old consumer still exists after the move")
+	}
+}
+
+// TestTheStreamReaderIsLatestWins: a burst for one host under a
+// latest-wins Spec applies the newest once, as with a consumer.
+func TestTheStreamReaderIsLatestWins(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	for v := uint64(1); v <= 200; v++ {
+		publishRotation(t, js, "hive-l", v)
+	}
+	rec := newRecorder()
+	s := latestSpec("hive-l")
+	s.Subjects = hostSpec("hive-l").Subjects
+	r := workertest.Start(t, js, s, workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		rec.record(d.Key, versionOf(t, d))
+		return d.Emit(ctx, "applied", nil)
+	}), workers.WithReadMode(workers.ReadStream))
+	workertest.WaitIdle(t, js, r.ConsumerName())
+	for v := uint64(1); v < 200; v++ {
+		if rec.count(v) != 0 {
+			t.Fatalf("version %d was applied; only the newest should be", v)
+		}
+	}
+	if rec.count(200) != 1 {
+		t.Fatalf("version 200 applied %d times, want once", rec.count(200))
+	}
+}
