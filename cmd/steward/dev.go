@@ -194,6 +194,11 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, o 
 	if err != nil {
 		return err
 	}
+	// The console reads what operators read, so it uses the operator's
+	// connection; the ingress stays a publisher.
+	if err := mountConsole(mux, g, js, token, nil); err != nil {
+		return err
+	}
 	bound, stopHTTP, err := serveHTTP(ctx, g.log, o.httpListen, mux)
 	if err != nil {
 		return fmt.Errorf("--http-listen: %w", err)

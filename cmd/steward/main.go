@@ -27,6 +27,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/steward-dev/steward/internal/natsauth"
+	"github.com/steward-dev/steward/internal/tracing"
 )
 
 func main() {
@@ -57,6 +58,9 @@ type globals struct {
 	logFormat string
 
 	log zerolog.Logger
+	// stopTracing flushes and stops the tracer the OTEL_* environment
+	// asked for (a no-op when it asked for none).
+	stopTracing func(context.Context) error
 }
 
 func newRoot() *cobra.Command {
@@ -75,7 +79,28 @@ Every flag has an environment twin, STEWARD_<FLAG> with '-' as '_'
 			if err := applyEnv(cmd.Flags()); err != nil {
 				return err
 			}
-			return g.setup(cmd.ErrOrStderr())
+			if err := g.setup(cmd.ErrOrStderr()); err != nil {
+				return err
+			}
+			// Traces are configured only by the standard OTEL_*
+			// environment, and are off when it asks for none.
+			stop, err := tracing.Setup(cmd.Context(), strings.ReplaceAll(cmd.CommandPath(), " ", "-"))
+			if err != nil {
+				return err
+			}
+			g.stopTracing = stop
+			return nil
+		},
+		PersistentPostRunE: func(cmd *cobra.Command, _ []string) error {
+			if g.stopTracing == nil {
+				return nil
+			}
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(cmd.Context()), 5*time.Second)
+			defer cancel()
+			if err := g.stopTracing(ctx); err != nil {
+				g.log.Warn().Err(err).Msg("traces not flushed")
+			}
+			return nil
 		},
 	}
 	pf := root.PersistentFlags()
@@ -95,6 +120,7 @@ Every flag has an environment twin, STEWARD_<FLAG> with '-' as '_'
 		newReplayCmd(g), newDLQCmd(g), newStatusCmd(g), newKeysCmd(g),
 		newJoinCmd(g), newDevCmd(g), newBenchCmd(g), newSetupCmd(g), newCredsCmd(g),
 	)
+	root.AddCommand(newOpsCmds(g)...)
 	return root
 }
 

@@ -70,6 +70,11 @@ body being read, and its connection is closed.`,
 			if err != nil {
 				return err
 			}
+			// The console reads status, history and dead letters: its
+			// credentials must allow that (an operator's).
+			if err := mountConsole(mux, g, js, tok, nil); err != nil {
+				return err
+			}
 			srv, err := publisher.NewServer(listen, mux, hc)
 			if err != nil {
 				return fmt.Errorf("--listen: %w", err)
