@@ -40,6 +40,19 @@ const (
 	DefaultDLQMaxAge = 90 * 24 * time.Hour
 )
 
+// StoredPrefix is where STEWARD_EVENTS republishes the headers of every
+// event once it is stored: steward.stored.<the event subject after
+// steward.events>. A fleet instance that reads the stream (the runtime's
+// ReadStream) subscribes there, so it is woken only when there is
+// something to read: a subscriber to the event subject itself may hear of
+// an event before the stream has stored it.
+const StoredPrefix = "steward.stored"
+
+// StoredSubject is where the stored notice of events on subject goes.
+func StoredSubject(subject string) string {
+	return StoredPrefix + strings.TrimPrefix(subject, EventsPrefix)
+}
+
 // StreamConfig is how the three streams are laid out, with their limits.
 // The zero value is not useful; start from DefaultStreamConfig. Creating
 // and updating the streams with it is an operator's act (`steward setup`,
@@ -113,6 +126,8 @@ func (c StreamConfig) StreamConfigs() []jetstream.StreamConfig {
 			// the stream) are answered by the stream's own direct-get
 			// responders instead of queueing on the JetStream API.
 			AllowDirect: true,
+			// Headers only: a notice, never a second copy of the data.
+			RePublish:   &jetstream.RePublish{Source: EventsPrefix + ".>", Destination: StoredPrefix + ".>", HeadersOnly: true},
 			Discard:     jetstream.DiscardNew,
 			Description: "Steward state changes, kept for replay",
 		},

@@ -117,11 +117,28 @@ func (r *reader) signal() {
 func (w *Worker) runReader(ctx context.Context) error {
 	r := w.reader
 	nc := w.js.Conn()
+	// The stream's stored notices say an event is there to read. A stream
+	// set up before them (no RePublish until `steward setup` runs again)
+	// is heard on the event subjects, where a notice can come before the
+	// event is stored: each wake-up then reads again a little later too.
+	notices := w.stream.CachedInfo().Config.RePublish != nil
+	wake := func(*nats.Msg) { r.signal() }
+	if !notices {
+		wake = func(*nats.Msg) {
+			r.signal()
+			time.AfterFunc(100*time.Millisecond, r.signal)
+			time.AfterFunc(time.Second, r.signal)
+		}
+	}
 	var subs []*nats.Subscription
 	for _, subj := range w.spec.Subjects {
-		sub, err := nc.Subscribe(subj, func(*nats.Msg) { r.signal() })
+		on := subj
+		if notices {
+			on = events.StoredSubject(subj)
+		}
+		sub, err := nc.Subscribe(on, wake)
 		if err != nil {
-			return fmt.Errorf("subscribe to %s for worker %s: %w", subj, w.consumerName(), err)
+			return fmt.Errorf("subscribe to %s for worker %s: %w", on, w.consumerName(), err)
 		}
 		subs = append(subs, sub)
 	}

@@ -102,7 +102,11 @@ func (id Identity) Permissions() Permissions {
 		// cannot read a stream, a checkpoint or a consumer.
 		return Permissions{Publish: []string{events.EventsPrefix + ".>"}, Subscribe: []string{inbox}}
 	case RoleWorker:
-		return Permissions{Publish: workerPublish(id.Worker, id.Instance), Subscribe: []string{inbox}}
+		// The stored notices (headers only: subject and sequence) wake a
+		// fleet instance reading the stream. Any worker may read any
+		// event by sequence already, so hearing of all of them grants
+		// nothing more.
+		return Permissions{Publish: workerPublish(id.Worker, id.Instance), Subscribe: []string{inbox, events.StoredPrefix + ".>"}}
 	}
 	return Permissions{}
 }
