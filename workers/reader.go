@@ -73,6 +73,75 @@ type cursorDoc struct {
 // whoever may write the instance's checkpoints may write it.
 func (w *Worker) cursorKey() string { return "cp." + w.spec.Name + "." + w.spec.Instance + "._cursor" }
 
+// ControlSubject is where an operator's tools tell a stream-reading
+// instance to look again at once (after a pause ends, say). The message's
+// content is not read.
+func ControlSubject(worker, instance string) string {
+	return "steward.control." + worker + "." + instance
+}
+
+// PauseKey is where a stream-reading instance's pause is kept in
+// CheckpointBucket: {"until": time}. An instance with a consumer is paused
+// on its consumer (JetStream's consumer pause) instead.
+func PauseKey(worker, instance string) string { return "cp." + worker + "." + instance + "._paused" }
+
+// pauseDoc is a stream reader's pause: it reads nothing until Until.
+type pauseDoc struct {
+	Until time.Time `json:"until"`
+}
+
+// PauseStream pauses a stream-reading instance until the given time, and
+// ResumeStream ends the pause: both write the pause document and tell the
+// instance on its control subject, so it stops or starts reading at once.
+func PauseStream(ctx context.Context, js jetstream.JetStream, worker, instance string, until time.Time) error {
+	kv, err := js.KeyValue(ctx, CheckpointBucket)
+	if err != nil {
+		return fmt.Errorf("pause %s-%s: the checkpoint bucket: %w", worker, instance, err)
+	}
+	raw, _ := json.Marshal(pauseDoc{Until: until.UTC()})
+	if _, err := kv.Put(ctx, PauseKey(worker, instance), raw); err != nil {
+		return fmt.Errorf("pause %s-%s: %w", worker, instance, err)
+	}
+	return js.Conn().Publish(ControlSubject(worker, instance), nil)
+}
+
+// ResumeStream ends a stream-reading instance's pause (see PauseStream).
+func ResumeStream(ctx context.Context, js jetstream.JetStream, worker, instance string) error {
+	kv, err := js.KeyValue(ctx, CheckpointBucket)
+	if err != nil {
+		return fmt.Errorf("resume %s-%s: the checkpoint bucket: %w", worker, instance, err)
+	}
+	if err := kv.Delete(ctx, PauseKey(worker, instance)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("resume %s-%s: %w", worker, instance, err)
+	}
+	return js.Conn().Publish(ControlSubject(worker, instance), nil)
+}
+
+// StreamPause reads a stream-reading instance's pause: the time it ends,
+// or the zero time when it is not paused.
+func StreamPause(ctx context.Context, js jetstream.JetStream, worker, instance string) (time.Time, error) {
+	kv, err := js.KeyValue(ctx, CheckpointBucket)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return readPause(ctx, kv, worker, instance)
+}
+
+func readPause(ctx context.Context, kv jetstream.KeyValue, worker, instance string) (time.Time, error) {
+	entry, err := kv.Get(ctx, PauseKey(worker, instance))
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return time.Time{}, nil
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("read the pause of %s-%s: %w", worker, instance, err)
+	}
+	var doc pauseDoc
+	if err := json.Unmarshal(entry.Value(), &doc); err != nil {
+		return time.Time{}, fmt.Errorf("the pause of %s-%s is not readable: %w; resume it to clear it", worker, instance, err)
+	}
+	return doc.Until, nil
+}
+
 // CursorKey is where a stream-reading worker instance keeps its cursor in
 // CheckpointBucket: the sequence, per subject, up to which it has settled
 // every event.
@@ -130,6 +199,37 @@ func (w *Worker) runReader(ctx context.Context) error {
 			time.AfterFunc(time.Second, r.signal)
 		}
 	}
+	// The pause is read before every read of the stream (one get of a
+	// small document), so a pause holds from the moment it is written;
+	// the control subject only wakes the reader when a pause ends.
+	var pausedUntil time.Time
+	readPaused := func() {
+		until, err := readPause(ctx, w.kv, w.spec.Name, w.spec.Instance)
+		if err != nil {
+			w.log.Warn().Err(err).Msg("the pause could not be read; reading as if not paused")
+			until = time.Time{}
+		}
+		if until.After(w.now()) {
+			if !until.Equal(pausedUntil) {
+				w.log.Info().Time("until", until).Msg("paused: reading nothing until then")
+				time.AfterFunc(until.Sub(w.now()), r.signal)
+			}
+		} else if !pausedUntil.IsZero() {
+			w.log.Info().Msg("resumed")
+		}
+		pausedUntil = until
+	}
+	control := make(chan struct{}, 1)
+	csub, err := nc.Subscribe(ControlSubject(w.spec.Name, w.spec.Instance), func(*nats.Msg) {
+		select {
+		case control <- struct{}{}:
+		default:
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe to the control subject of %s: %w", w.consumerName(), err)
+	}
+	defer csub.Unsubscribe()
 	var subs []*nats.Subscription
 	for _, subj := range w.spec.Subjects {
 		on := subj
@@ -166,6 +266,7 @@ func (w *Worker) runReader(ctx context.Context) error {
 			w.saveCursor(context.WithoutCancel(ctx))
 			return nil
 		case <-r.wake:
+		case <-control:
 		case <-r.save:
 			w.saveCursor(ctx)
 			continue
@@ -177,6 +278,9 @@ func (w *Worker) runReader(ctx context.Context) error {
 			reconnects = n
 		case <-resync.C:
 			resync.Reset(w.o.resync)
+		}
+		if readPaused(); pausedUntil.After(w.now()) {
+			continue
 		}
 		if err := w.scan(ctx); err != nil {
 			if ctx.Err() != nil {

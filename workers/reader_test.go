@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -142,5 +144,46 @@ func TestTheStreamReaderIsLatestWins(t *testing.T) {
 	}
 	if rec.count(200) != 1 {
 		t.Fatalf("version 200 applied %d times, want once", rec.count(200))
+	}
+}
+
+// TestAStreamReaderPausesAndResumes: a paused stream reader reads nothing
+// (there is no consumer to pause), and reads at once when resumed.
+func TestAStreamReaderPausesAndResumes(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	rec := newRecorder()
+	r := workertest.Start(t, js, hostSpec("hive-p"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		rec.record(d.Key, versionOf(t, d))
+		return nil
+	}), workers.WithReadMode(workers.ReadStream))
+	publishRotation(t, js, "hive-p", 1)
+	workertest.WaitIdle(t, js, r.ConsumerName())
+
+	ctx := context.Background()
+	if err := workers.PauseStream(ctx, js, testWorker, "hive-p", time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	until, err := workers.StreamPause(ctx, js, testWorker, "hive-p")
+	if err != nil || until.IsZero() {
+		t.Fatalf("the pause reads back as %v (%v)", until, err)
+	}
+	// The control message and the pause document travel on one
+	// connection, in order, ahead of the event: a window in which the
+	// event must not be handled is the observation, not a wait.
+	publishRotation(t, js, "hive-p", 2)
+	window := time.Now().Add(time.Second)
+	for time.Now().Before(window) {
+		if rec.count(2) != 0 {
+			t.Fatal("a paused stream reader handled an event")
+		}
+		runtime.Gosched()
+	}
+	if err := workers.ResumeStream(ctx, js, testWorker, "hive-p"); err != nil {
+		t.Fatal(err)
+	}
+	workertest.WaitIdle(t, js, r.ConsumerName())
+	if rec.count(2) != 1 {
+		t.Fatalf("after resuming, version 2 was handled %d times, want once", rec.count(2))
 	}
 }

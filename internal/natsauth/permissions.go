@@ -106,7 +106,7 @@ func (id Identity) Permissions() Permissions {
 		// fleet instance reading the stream. Any worker may read any
 		// event by sequence already, so hearing of all of them grants
 		// nothing more.
-		return Permissions{Publish: workerPublish(id.Worker, id.Instance), Subscribe: []string{inbox, events.StoredPrefix + ".>"}}
+		return Permissions{Publish: workerPublish(id.Worker, id.Instance), Subscribe: []string{inbox, events.StoredPrefix + ".>", "steward.control." + id.Worker + "." + id.Instance}}
 	}
 	return Permissions{}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/workers"
 )
 
 // Paused is a worker instance's consumer after a Pause or a Resume.
@@ -26,12 +27,21 @@ type Paused struct {
 // at the server, nothing is lost or redelivered. It needs nats-server 2.11
 // or later.
 func Pause(ctx context.Context, js jetstream.JetStream, worker, instance string, until time.Time) (Paused, error) {
+	if !until.After(time.Now()) {
+		return Paused{}, fmt.Errorf("pause %s until %s: that time has passed; give a time to come", ConsumerName(worker, instance), until.UTC().Format(time.RFC3339))
+	}
+	if reads, err := readsStream(ctx, js, worker, instance); err != nil {
+		return Paused{}, err
+	} else if reads {
+		if err := workers.PauseStream(ctx, js, worker, instance, until); err != nil {
+			return Paused{}, err
+		}
+		u := until.UTC()
+		return Paused{Consumer: ConsumerName(worker, instance), Paused: true, Until: &u}, nil
+	}
 	name, err := pausable(ctx, js, worker, instance)
 	if err != nil {
 		return Paused{}, err
-	}
-	if !until.After(time.Now()) {
-		return Paused{}, fmt.Errorf("pause %s until %s: that time has passed; give a time to come", name, until.UTC().Format(time.RFC3339))
 	}
 	resp, err := js.PauseConsumer(ctx, events.StreamEvents, name, until)
 	if err != nil {
@@ -42,6 +52,14 @@ func Pause(ctx context.Context, js jetstream.JetStream, worker, instance string,
 
 // Resume lets the server deliver the instance's events again at once.
 func Resume(ctx context.Context, js jetstream.JetStream, worker, instance string) (Paused, error) {
+	if reads, err := readsStream(ctx, js, worker, instance); err != nil {
+		return Paused{}, err
+	} else if reads {
+		if err := workers.ResumeStream(ctx, js, worker, instance); err != nil {
+			return Paused{}, err
+		}
+		return Paused{Consumer: ConsumerName(worker, instance)}, nil
+	}
 	name, err := pausable(ctx, js, worker, instance)
 	if err != nil {
 		return Paused{}, err
@@ -60,6 +78,27 @@ func pausedOf(name string, resp *jetstream.ConsumerPauseResponse) Paused {
 		p.Until = &u
 	}
 	return p
+}
+
+// readsStream says whether the instance reads the stream itself (the
+// runtime's ReadStream: a cursor and no consumer), so its pause is the
+// pause document its reader obeys rather than a consumer's.
+func readsStream(ctx context.Context, js jetstream.JetStream, worker, instance string) (bool, error) {
+	if err := events.CheckKey(worker); err != nil {
+		return false, fmt.Errorf("worker: %w", err)
+	}
+	if err := events.CheckKey(instance); err != nil {
+		return false, fmt.Errorf("instance: %w", err)
+	}
+	if _, err := js.Consumer(ctx, events.StreamEvents, ConsumerName(worker, instance)); err == nil || !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return false, nil
+	}
+	kv, err := js.KeyValue(ctx, workers.CheckpointBucket)
+	if err != nil {
+		return false, nil
+	}
+	_, err = kv.Get(ctx, workers.CursorKey(worker, instance))
+	return err == nil, nil
 }
 
 // pausable checks the server can pause consumers and that the instance's
