@@ -123,20 +123,34 @@ type HostFloorPublished struct {
 
 // CredentialRotated carries a hive's new credential. Secret is armored age
 // ciphertext to the hive's recipient; the plaintext never travels.
+//
+// Envelope is the controller's DSSE signature over a Rotation that names
+// the hive and binds every other field (DESIGN §2, "Who may say what"): the
+// hive's recipient is public, so without it anyone who can publish could
+// hand the hive a pair of their own. The schema leaves it optional so the
+// wire type stays usable as a plain test event; the credential worker
+// refuses a rotation without one.
 type CredentialRotated struct {
-	Hive     string `json:"hive"`
-	Version  uint64 `json:"version"`
-	ClientID string `json:"clientId"`
-	Secret   string `json:"secret"`
+	Hive     string         `json:"hive"`
+	Version  uint64         `json:"version"`
+	ClientID string         `json:"clientId"`
+	Secret   string         `json:"secret"`
+	Envelope *dsse.Envelope `json:"envelope,omitempty"`
 }
 
 // GrantChanged is the whole desired state of one machine's database grants,
 // never a delta.
+//
+// Envelope is the controller's DSSE signature over a Grant that names the
+// machine and binds every other field; the provision worker refuses a grant
+// without one (see CredentialRotated for why, and why it is optional in the
+// schema).
 type GrantChanged struct {
-	Machine     string  `json:"machine"`
-	Requirement string  `json:"requirement"`
-	Generation  uint64  `json:"generation"`
-	Given       []Given `json:"given"`
+	Machine     string         `json:"machine"`
+	Requirement string         `json:"requirement"`
+	Generation  uint64         `json:"generation"`
+	Given       []Given        `json:"given"`
+	Envelope    *dsse.Envelope `json:"envelope,omitempty"`
 }
 
 // Given is one consumer granted a database on the machine. Secret is the
@@ -153,12 +167,47 @@ type GivenValues struct {
 	Name string `json:"name"`
 }
 
-// PayloadTypeInvitation and PayloadTypeHostFloor are the DSSE payload types of
-// the two signed envelopes.
+// PayloadTypeInvitation, PayloadTypeHostFloor, PayloadTypeRotation and
+// PayloadTypeGrant are the DSSE payload types of the four signed envelopes.
 const (
 	PayloadTypeInvitation = "application/vnd.steward.invitation.v1+json"
 	PayloadTypeHostFloor  = "application/vnd.steward.hostfloor.v1+json"
+	PayloadTypeRotation   = "application/vnd.steward.rotation.v1+json"
+	PayloadTypeGrant      = "application/vnd.steward.grant.v1+json"
 )
+
+// Rotation is the payload of a credential.rotated envelope: what the
+// controller vouches for. It names the hive and repeats the version and
+// client id, and it binds the secret by the hex SHA-256 of its armored
+// ciphertext (the data's secret string, byte for byte), so the signer never
+// needs the plaintext and no field of the event can be swapped under the
+// signature.
+type Rotation struct {
+	V            int    `json:"v"`
+	Hive         string `json:"hive"`
+	Version      uint64 `json:"version"`
+	ClientID     string `json:"clientId"`
+	SecretSHA256 string `json:"secretSHA256"`
+}
+
+// Grant is the payload of a grant.changed envelope: the machine, the
+// requirement, the generation and every consumer in the data's order, each
+// secret bound by the hex SHA-256 of its armored ciphertext.
+type Grant struct {
+	V           int          `json:"v"`
+	Machine     string       `json:"machine"`
+	Requirement string       `json:"requirement"`
+	Generation  uint64       `json:"generation"`
+	Given       []GrantGiven `json:"given"`
+}
+
+// GrantGiven is one consumer of a signed Grant.
+type GrantGiven struct {
+	From         string      `json:"from"`
+	Node         string      `json:"node"`
+	Values       GivenValues `json:"values"`
+	SecretSHA256 string      `json:"secretSHA256"`
+}
 
 // Invitation is the payload of an invitation envelope.
 type Invitation struct {

@@ -30,6 +30,15 @@
 // An optional --on-change command runs once per applied version after the
 // pair is in place (see Worker.announce); its failure is reported and
 // counted and never rolls the pair back.
+//
+// A rotation counts only when the controller signed it (DESIGN §2): the
+// hive's recipient is public, so an unsigned rotation, or one whose
+// envelope does not verify with a key of --controller-key, names another
+// hive or disagrees with the event's fields, is refused before anything is
+// read from it, and ranks nowhere, so it supersedes nothing. A hive pinned
+// by a signed mistake (a version far above the controller's) is reset by
+// removing <credential-dir>/..data: the applied version is read from that
+// link alone, so the next signed rotation of any version applies.
 package credential
 
 import (
@@ -46,6 +55,7 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/agekey"
+	"github.com/steward-dev/steward/internal/signing"
 	"github.com/steward-dev/steward/workers"
 )
 
@@ -85,15 +95,26 @@ type Skipped struct {
 type Refused struct {
 	Hive    string `json:"hive"`
 	Version uint64 `json:"version"`
-	Reason  string `json:"reason"`
+	// Rule names the signature rule broken (signing.RuleUnsigned, ...)
+	// when the rotation was refused as not the controller's; empty for
+	// the other refusals.
+	Rule   string `json:"rule,omitempty"`
+	Reason string `json:"reason"`
 }
 
 // Config is a credential worker's configuration (DESIGN §6: STEWARD_HIVE,
 // STEWARD_AGE_IDENTITY, STEWARD_CREDENTIAL_DIR; issue 14 adds
-// STEWARD_ON_CHANGE and STEWARD_ON_CHANGE_TIMEOUT).
+// STEWARD_ON_CHANGE and STEWARD_ON_CHANGE_TIMEOUT; issue 12
+// STEWARD_CONTROLLER_KEY).
 type Config struct {
 	// Hive is the hive this instance serves; it is also the instance name.
 	Hive string
+	// ControllerKey is the controller's ed25519 public key set that signs
+	// rotations: a PEM file holding one or more PUBLIC KEY blocks, or
+	// several files separated by commas (signing.LoadEnvelopeKeys). A key
+	// is rotated by adding the new one, signing with it, then removing
+	// the old one.
+	ControllerKey string
 	// AgeIdentity is the hive's age identity file, as age-keygen writes it.
 	AgeIdentity string
 	// CredentialDir is where secret and client_id are published. A missing
@@ -119,6 +140,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 		c.OnChangeTimeout = DefaultOnChangeTimeout
 	}
 	fs.StringVar(&c.Hive, "hive", c.Hive, "the hive whose credential this worker applies")
+	fs.StringVar(&c.ControllerKey, "controller-key", c.ControllerKey, "the controller's ed25519 public keys (PEM) that sign rotations: one file with one or more PUBLIC KEY blocks, or files separated by commas; an unsigned rotation is refused")
 	fs.StringVar(&c.AgeIdentity, "age-identity", c.AgeIdentity, "the hive's age identity file (as age-keygen writes it); rotated secrets are encrypted to its recipient")
 	fs.StringVar(&c.CredentialDir, "credential-dir", c.CredentialDir, "the folder where secret (0600) and client_id (0644) are published; created 0755 with its parents when missing (as install -d); it must be owned by the worker's user and not writable by group or others unless sticky")
 	fs.StringVar(&c.OnChange, "on-change", c.OnChange, "a command run with /bin/sh -c once per applied version, after the new pair is in place (STEWARD_HIVE, STEWARD_CREDENTIAL_VERSION, STEWARD_CREDENTIAL_DIR and STEWARD_CREDENTIAL_DATA in its environment, never the secret); its failure is reported and counted and never rolls the pair back")
@@ -130,6 +152,8 @@ type Worker struct {
 	hive string
 	dir  string
 	id   *agekey.Identity
+	// keys are the controller keys a rotation must be signed by.
+	keys *signing.KeySet
 	// onChange and onChangeTimeout are Config's OnChange and its bound.
 	onChange        string
 	onChangeTimeout time.Duration
@@ -158,6 +182,13 @@ func New(cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--credential-dir %q: %w", cfg.CredentialDir, err)
 	}
+	if strings.TrimSpace(cfg.ControllerKey) == "" {
+		return nil, errors.New("--controller-key is required: the controller's ed25519 public key (PEM) that signs rotations (steward keys --kind controller makes a pair); the hive's recipient is public, so an unsigned rotation proves nothing")
+	}
+	keys, err := signing.LoadEnvelopeKeys(cfg.ControllerKey)
+	if err != nil {
+		return nil, fmt.Errorf("--controller-key: %w", err)
+	}
 	timeout := cfg.OnChangeTimeout
 	switch {
 	case timeout == 0:
@@ -168,7 +199,7 @@ func New(cfg Config) (*Worker, error) {
 	if strings.TrimSpace(cfg.OnChange) != "" {
 		registerMetrics()
 	}
-	return &Worker{hive: cfg.Hive, dir: dir, id: id, onChange: strings.TrimSpace(cfg.OnChange), onChangeTimeout: timeout}, nil
+	return &Worker{hive: cfg.Hive, dir: dir, id: id, keys: keys, onChange: strings.TrimSpace(cfg.OnChange), onChangeTimeout: timeout}, nil
 }
 
 // Spec consumes the hive's own credential.rotated subject.
@@ -185,9 +216,10 @@ func (w *Worker) Spec() workers.Spec {
 }
 
 // rank is a rotation's place in the hive's order, its version, once it
-// passes what Handle refuses by (this hive, both fields, a secret that
-// opens with the hive's identity and is not blank); a rotation that fails
-// ranks nowhere, so a forged huge version supersedes nothing.
+// passes what Handle refuses by (this hive, the controller's signature
+// binding every field, both fields, a secret that opens with the hive's
+// identity and is not blank); a rotation that fails ranks nowhere, so a
+// forged or unsigned huge version supersedes nothing.
 func (w *Worker) rank(_ context.Context, d *workers.Delivery) (uint64, error) {
 	var data events.CredentialRotated
 	if err := d.DataAs(&data); err != nil {
@@ -195,6 +227,9 @@ func (w *Worker) rank(_ context.Context, d *workers.Delivery) (uint64, error) {
 	}
 	if data.Hive != w.hive || strings.TrimSpace(data.ClientID) == "" || strings.TrimSpace(data.Secret) == "" {
 		return 0, fmt.Errorf("rotation %s for hive %s is not one Handle would apply", d.Event.ID(), data.Hive)
+	}
+	if _, err := signing.OpenRotation(w.keys, data); err != nil {
+		return 0, fmt.Errorf("rotation %s (version %d) for hive %s ranks nowhere: %w", d.Event.ID(), data.Version, data.Hive, err)
 	}
 	secret, err := w.open(data.Version, data.Secret)
 	if err != nil {
@@ -262,14 +297,15 @@ func (w *Worker) Handle(ctx context.Context, d *workers.Delivery) error {
 func (w *Worker) apply(ctx context.Context, d *workers.Delivery, data events.CredentialRotated) result {
 	log := d.Log.With().Str("hive", data.Hive).Uint64("version", data.Version).Logger()
 	where := fmt.Sprintf("hive %s, event %s", data.Hive, d.Event.ID())
-	refuse := func(reason string) result {
-		log.Warn().Str("reason", reason).Msg("credential rotation refused")
+	refuseRule := func(rule, reason string) result {
+		log.Warn().Str("rule", rule).Str("reason", reason).Msg("credential rotation refused")
 		return result{
 			outcome: OutcomeRefused,
-			data:    Refused{Hive: data.Hive, Version: data.Version, Reason: reason},
+			data:    Refused{Hive: data.Hive, Version: data.Version, Rule: rule, Reason: reason},
 			err:     workers.Refused(fmt.Errorf("%s: %s", where, reason)),
 		}
 	}
+	refuse := func(reason string) result { return refuseRule("", reason) }
 	retry := func(err error) result {
 		err = fmt.Errorf("%s: version %d not applied, retrying: %w", where, data.Version, err)
 		log.Error().Str("error", err.Error()).Msg("credential rotation failed; it is retried")
@@ -284,6 +320,17 @@ func (w *Worker) apply(ctx context.Context, d *workers.Delivery, data events.Cre
 
 	if data.Hive != w.hive {
 		return refuse(fmt.Sprintf("version %d is for hive %q, but this worker serves hive %q; nothing was written", data.Version, data.Hive, w.hive))
+	}
+	// Nothing the event says counts before the controller's signature
+	// over all of it verifies: not its version against the applied one,
+	// not its secret.
+	if _, err := signing.OpenRotation(w.keys, data); err != nil {
+		var se *signing.StateError
+		rule := signing.RuleSignature
+		if errors.As(err, &se) {
+			rule = se.Rule
+		}
+		return refuseRule(rule, notSigned(data, w.hive, err))
 	}
 
 	fo, err := openFolder(w.dir)
@@ -353,6 +400,18 @@ func (w *Worker) apply(ctx context.Context, d *workers.Delivery, data events.Cre
 		return retry(err)
 	}
 	return w.finish(fo, data, folder, cur.folder, retry, log)
+}
+
+// notSigned is the reason a rotation is refused as not the controller's:
+// what was found, and that its version counts for nothing.
+func notSigned(data events.CredentialRotated, hive string, err error) string {
+	what := "is not signed by the controller"
+	var se *signing.StateError
+	if errors.As(err, &se) && se.Rule != signing.RuleUnsigned {
+		what = "is not accepted as the controller's [" + se.Rule + "]"
+	}
+	return fmt.Sprintf("rotation %d for hive %s %s (%v), so nothing was written and its version counts for nothing; republish it signed with a key of --controller-key (steward publish --signing-key)",
+		data.Version, hive, what, err)
 }
 
 // finish puts the stable links in place and removes old version folders

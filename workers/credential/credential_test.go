@@ -428,7 +428,7 @@ func TestAnotherHiveIsRefusedByTheHandler(t *testing.T) {
 
 	good := "s3cr3t-a-" + randomHex(t)
 	h.publish(1, "client-a", h.encrypt(good))
-	workertest.PublishData(t, js, events.TypeCredentialRotated, "hive-b", events.CredentialRotated{Hive: "hive-b", Version: 2, ClientID: "client-b", Secret: h.encrypt("s3cr3t-b-" + randomHex(t))})
+	workertest.PublishData(t, js, events.TypeCredentialRotated, "hive-b", signed(t, events.CredentialRotated{Hive: "hive-b", Version: 2, ClientID: "client-b", Secret: h.encrypt("s3cr3t-b-" + randomHex(t))}))
 	workertest.WaitIdle(t, js, r.ConsumerName())
 
 	got := workertest.Outcomes(t, js, credential.Name, "wide")

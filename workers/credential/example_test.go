@@ -49,6 +49,7 @@ func Example_replayRecordedStream() {
 		Hive:          "hive-1",
 		AgeIdentity:   "testdata/hive-1.agekey",
 		CredentialDir: filepath.Join(dir, "credentials"),
+		ControllerKey: "testdata/controller.pub",
 	})
 	if err != nil {
 		panic(err)

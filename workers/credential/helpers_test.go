@@ -23,6 +23,7 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/agekey"
+	"github.com/steward-dev/steward/internal/signing"
 	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/credential"
 	"github.com/steward-dev/steward/workers/workertest"
@@ -96,7 +97,7 @@ func newHiveWith(t *testing.T, js jetstream.JetStream, name string, prepare func
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := credential.Config{Hive: name, AgeIdentity: idPath, CredentialDir: filepath.Join(base, "files")}
+	cfg := credential.Config{Hive: name, AgeIdentity: idPath, CredentialDir: filepath.Join(base, "files"), ControllerKey: controllerPub}
 	prepare(&cfg)
 	w, err := credential.New(cfg)
 	if err != nil {
@@ -136,11 +137,40 @@ func (h *hive) encrypt(secret string) string {
 	return ct
 }
 
+// publish publishes a rotation signed by the test controller, as the
+// real controller publishes with `steward publish --signing-key`.
 func (h *hive) publish(version uint64, clientID, ciphertext string) {
 	h.t.Helper()
-	workertest.PublishData(h.t, h.js, events.TypeCredentialRotated, h.name, events.CredentialRotated{
+	workertest.PublishData(h.t, h.js, events.TypeCredentialRotated, h.name, signed(h.t, events.CredentialRotated{
 		Hive: h.name, Version: version, ClientID: clientID, Secret: ciphertext,
-	})
+	}))
+}
+
+// The test controller key pair, committed on purpose like hive-1.agekey:
+// it signs the made-up rotations of these tests and nothing else.
+const (
+	controllerKey = "testdata/controller.key"
+	controllerPub = "testdata/controller.pub"
+)
+
+// signed is data with the test controller's envelope.
+func signed(t testing.TB, data events.CredentialRotated) events.CredentialRotated {
+	t.Helper()
+	return signedWith(t, controllerKey, data)
+}
+
+// signedWith is data with an envelope by the private key at keyPath.
+func signedWith(t testing.TB, keyPath string, data events.CredentialRotated) events.CredentialRotated {
+	t.Helper()
+	key, err := signing.LoadPrivateKey(keyPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := signing.SignRotation(key, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // publishRaw bypasses the publisher's validation, as a client that sets

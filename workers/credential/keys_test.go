@@ -60,7 +60,7 @@ func TestAgeCommandLineInterop(t *testing.T) {
 		t.Fatalf("age-keygen: %v: %s", err, out)
 	}
 	dir := t.TempDir()
-	if _, err := credential.New(credential.Config{Hive: "hive-kg", AgeIdentity: idPath, CredentialDir: dir}); err != nil {
+	if _, err := credential.New(credential.Config{Hive: "hive-kg", AgeIdentity: idPath, CredentialDir: dir, ControllerKey: controllerPub}); err != nil {
 		t.Fatalf("New with an age-keygen identity: %v", err)
 	}
 	h.assertNoSecret()
@@ -101,7 +101,7 @@ func TestNewChecksConfig(t *testing.T) {
 		}
 	}
 	// The credential directory may appear later (a mount): New accepts it.
-	w, err := credential.New(credential.Config{Hive: "h", AgeIdentity: good, CredentialDir: dir})
+	w, err := credential.New(credential.Config{Hive: "h", AgeIdentity: good, CredentialDir: dir, ControllerKey: controllerPub})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +135,7 @@ func TestDevPreparesARotationANewcomerCanPublish(t *testing.T) {
 		t.Fatalf("dev config %+v", cfg)
 	}
 	text := strings.Join(lines, "\n")
-	m := regexp.MustCompile(`go run ./cmd/steward publish --type dev\.steward\.credential\.rotated\.v1 --data '(\{[^']+\})' --secret-file (\S+) --recipient (age1[0-9a-z]+)`).FindStringSubmatch(text)
+	m := regexp.MustCompile(`go run ./cmd/steward publish --type dev\.steward\.credential\.rotated\.v1 --data '(\{[^']+\})' --secret-file (\S+) --recipient (age1[0-9a-z]+) --signing-key (\S+)`).FindStringSubmatch(text)
 	if m == nil {
 		t.Fatalf("no publish line in:\n%s", text)
 	}
@@ -153,7 +153,13 @@ func TestDevPreparesARotationANewcomerCanPublish(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data := strings.TrimSuffix(m[1], "}") + `,"secret":` + jsonString(ciphertext) + "}"
+	var rot events.CredentialRotated
+	if err := json.Unmarshal([]byte(strings.TrimSuffix(m[1], "}")+`,"secret":`+jsonString(ciphertext)+"}"), &rot); err != nil {
+		t.Fatal(err)
+	}
+	// --signing-key: the line's key signs, and the dev worker verifies
+	// with its public half.
+	rot = signedWith(t, m[4], rot)
 	w, err := credential.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -161,7 +167,7 @@ func TestDevPreparesARotationANewcomerCanPublish(t *testing.T) {
 	srv := workertest.StartServer(t)
 	js := srv.JetStream(t)
 	r := workertest.Start(t, js, w.Spec(), w)
-	workertest.PublishData(t, js, events.TypeCredentialRotated, cfg.Hive, []byte(data))
+	workertest.PublishData(t, js, events.TypeCredentialRotated, cfg.Hive, rot)
 	workertest.WaitIdle(t, js, r.ConsumerName())
 	got, err := os.ReadFile(filepath.Join(cfg.CredentialDir, credential.SecretFile))
 	if err != nil || !bytes.Equal(got, secret) {

@@ -16,7 +16,7 @@ import (
 func TestRecordedStreamOnTheRuntime(t *testing.T) {
 	w, err := credential.New(credential.Config{
 		Hive: "hive-1", AgeIdentity: "testdata/hive-1.agekey",
-		CredentialDir: filepath.Join(t.TempDir(), "credentials"),
+		CredentialDir: filepath.Join(t.TempDir(), "credentials"), ControllerKey: "testdata/controller.pub",
 	})
 	if err != nil {
 		t.Fatal(err)

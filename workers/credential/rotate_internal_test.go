@@ -14,13 +14,38 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/agekey"
+	"github.com/steward-dev/steward/internal/signing"
 	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/workertest"
 )
 
-// rotationEvent is data as the publisher would put it on the bus.
+// The test controller key pair, committed on purpose like hive-1.agekey:
+// it signs the made-up rotations of these tests and nothing else.
+const (
+	testControllerKey = "testdata/controller.key"
+	testControllerPub = "testdata/controller.pub"
+)
+
+// signedByController is data with the test controller's envelope, as
+// `steward publish --signing-key` would send it.
+func signedByController(t testing.TB, data events.CredentialRotated) events.CredentialRotated {
+	t.Helper()
+	key, err := signing.LoadPrivateKey(testControllerKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signed, err := signing.SignRotation(key, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return signed
+}
+
+// rotationEvent is data, signed by the test controller, as the publisher
+// would put it on the bus.
 func rotationEvent(t testing.TB, data events.CredentialRotated) event.Event {
 	t.Helper()
+	data = signedByController(t, data)
 	e, err := events.New(events.TypeCredentialRotated, data.Hive, data)
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +64,7 @@ func newTestWorker(t testing.TB) (*Worker, string) {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	w, err := New(Config{Hive: "h1", AgeIdentity: filepath.Join(base, "identity.txt"), CredentialDir: dir})
+	w, err := New(Config{Hive: "h1", AgeIdentity: filepath.Join(base, "identity.txt"), CredentialDir: dir, ControllerKey: testControllerPub})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,8 +76,16 @@ func newTestWorker(t testing.TB) (*Worker, string) {
 // on the bus (an empty field, another hive) still reaches the handler's own
 // checks, and several writers can share one credential folder. It returns
 // the handler's error and the outcomes it emitted. Everything the runtime
-// would let through goes through workertest.Work instead.
+// would let through goes through workertest.Work instead. data is signed
+// by the test controller first, so each case reaches the check it is about.
 func handleUnchecked(t testing.TB, w *Worker, data events.CredentialRotated, eventID string) (error, []event.Event) {
+	t.Helper()
+	return handleAsIs(t, w, signedByController(t, data), eventID)
+}
+
+// handleAsIs is handleUnchecked without the signature: data is handled as
+// it is given, envelope or none.
+func handleAsIs(t testing.TB, w *Worker, data events.CredentialRotated, eventID string) (error, []event.Event) {
 	t.Helper()
 	raw, err := json.Marshal(data)
 	if err != nil {

@@ -35,7 +35,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	if err := os.WriteFile(garbage, []byte("AGE-SECRET-KEY-1NOTAKEYATALLBUTSECRETLOOKING\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	base := Config{Machine: "m1", AgeIdentity: good, DatabaseURL: defaultTestURL}
+	base := Config{Machine: "m1", AgeIdentity: good, DatabaseURL: defaultTestURL, ControllerKey: testControllerPub}
 	cases := []struct {
 		what   string
 		patch  func(*Config)
@@ -52,6 +52,8 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		{"no identity", func(c *Config) { c.AgeIdentity = "" }, "--age-identity", ""},
 		{"missing identity", func(c *Config) { c.AgeIdentity = filepath.Join(dir, "nope") }, "--age-identity", ""},
 		{"identity that does not parse", func(c *Config) { c.AgeIdentity = garbage }, "--age-identity", "NOTAKEYATALL"},
+		{"no controller key", func(c *Config) { c.ControllerKey = "" }, "--controller-key", ""},
+		{"controller key that is a private key", func(c *Config) { c.ControllerKey = testControllerKey }, "--controller-key", "PRIVATE KEY-----"},
 		{"database URL that does not parse", func(c *Config) { c.DatabaseURL = "postgres://u:hunter2secret@127.0.0.1:99999999/x" }, "--database-url", "hunter2secret"},
 	}
 	for _, c := range cases {
@@ -168,7 +170,7 @@ func TestDev(t *testing.T) {
 
 	text := strings.Join(lines, "\n")
 	t.Logf("Dev prints:\n%s", text)
-	m := regexp.MustCompile(`go run ./cmd/steward publish --type dev\.steward\.grant\.changed\.v1 --data @(\S+)\n`).FindStringSubmatch(text)
+	m := regexp.MustCompile(`go run ./cmd/steward publish --type dev\.steward\.grant\.changed\.v1 --data @(\S+) --signing-key (\S+)\n`).FindStringSubmatch(text)
 	if m == nil || m[1] != grantPath {
 		t.Fatalf("no publish line naming %s in:\n%s", grantPath, text)
 	}
@@ -197,7 +199,13 @@ func TestDev(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	workertest.PublishData(t, js, events.TypeGrantChanged, key, raw)
+	// --signing-key: the line's key signs, and the dev worker verifies
+	// with its public half.
+	var dg events.GrantChanged
+	if err := json.Unmarshal(raw, &dg); err != nil {
+		t.Fatal(err)
+	}
+	workertest.PublishData(t, js, events.TypeGrantChanged, key, signGrantWith(t, m[2], dg))
 	workertest.WaitIdle(t, js, run.ConsumerName())
 	outs := workertest.Outcomes(t, js, Name, DevMachine)
 	var applied Applied

@@ -18,6 +18,7 @@ import (
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/agekey"
 	"github.com/steward-dev/steward/internal/atomicfile"
+	"github.com/steward-dev/steward/internal/signing"
 )
 
 // DevMachine is the machine name of the development instance.
@@ -35,7 +36,10 @@ const (
 // machine dev-db with an age identity (identity.txt), a development
 // password (app-password) and a grant ready to publish (grant.json:
 // generation 1, consumer node app granted database app, its password
-// encrypted to the identity), all 0600, made once and then reused.
+// encrypted to the identity), all 0600, made once and then reused. The
+// worker verifies grants with dev's controller key (dir/controller.pub,
+// signing.DevControllerKey); grant.json is unsigned and the printed line
+// publishes it with --signing-key dir/controller.key, which signs it.
 // PostgreSQL is found through the libpq environment variables (PGHOST,
 // PGPORT, PGUSER, ...); it is DevAt with no URL. When it does not answer,
 // or answers as a user that is not a superuser, Dev returns the Config
@@ -76,13 +80,17 @@ func DevAt(ctx context.Context, dir, databaseURL string) (Config, []string, erro
 	if err := devGrant(grantPath, recipient, password, newID || newPassword); err != nil {
 		return Config{}, nil, err
 	}
-	cfg := Config{Machine: DevMachine, AgeIdentity: path, DatabaseURL: databaseURL, RolePrefix: DefaultRolePrefix}
+	signingKey, controllerPub, err := signing.DevControllerKey(dir)
+	if err != nil {
+		return Config{}, nil, fmt.Errorf("provision dev controller key: %w", err)
+	}
+	cfg := Config{Machine: DevMachine, AgeIdentity: path, DatabaseURL: databaseURL, RolePrefix: DefaultRolePrefix, ControllerKey: controllerPub}
 	role := DefaultRolePrefix + devNode
 	lines := []string{
 		fmt.Sprintf("provision: machine %s, roles %s<node>; grants' passwords are age-encrypted (armored) to %s", DevMachine, DefaultRolePrefix, recipient),
-		fmt.Sprintf("  grant database %s to role %s: go run ./cmd/steward publish --type %s --data @%s", devDatabase, role, events.TypeGrantChanged, grantPath),
+		fmt.Sprintf("  grant database %s to role %s: go run ./cmd/steward publish --type %s --data @%s --signing-key %s", devDatabase, role, events.TypeGrantChanged, grantPath, signingKey),
 		fmt.Sprintf(`  then connect: PGPASSWORD="$(cat %s)" psql "%s user=%s dbname=%s"`, passwordPath, devServer(databaseURL), role, devDatabase),
-		`  a grant is the machine's whole state: to change it, publish a new grant with a higher "generation" (2, 3, ...); one not above the applied generation is skipped`,
+		`  a grant is the machine's whole state: to change it, publish a new grant with a higher "generation" (2, 3, ...); one not above the applied generation is skipped, and one not signed by a key of ` + controllerPub + ` is refused`,
 	}
 	if err := probe(ctx, databaseURL); err != nil {
 		// pgx lists each address it tried on a line of its own.

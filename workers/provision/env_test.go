@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/signing"
 )
 
 // The tests run against the real PostgreSQL the brief names (trust auth,
@@ -147,7 +148,7 @@ func (e *env) worker(tracer pgx.QueryTracer) *Worker {
 
 func (e *env) workerWith(url string, tracer pgx.QueryTracer) *Worker {
 	e.tb.Helper()
-	w, err := newWorker(Config{Machine: testMachine, AgeIdentity: e.idPath, DatabaseURL: url, RolePrefix: e.prefix}, tracer)
+	w, err := newWorker(Config{Machine: testMachine, AgeIdentity: e.idPath, DatabaseURL: url, RolePrefix: e.prefix, ControllerKey: testControllerPub}, tracer)
 	if err != nil {
 		e.tb.Fatal(err)
 	}
@@ -183,13 +184,44 @@ func encryptTo(tb testing.TB, r age.Recipient, password string) string {
 // giv is one consumer in a test grant, before encryption.
 type giv struct{ node, db, password string }
 
+// grant is a grant of this env's machine, signed by the test controller.
+// A test that changes it afterwards signs it again (signGrant), so each
+// case reaches the check it is about.
 func (e *env) grant(gen uint64, gs ...giv) events.GrantChanged {
 	e.tb.Helper()
 	g := events.GrantChanged{Machine: testMachine, Requirement: "postgres", Generation: gen, Given: []events.Given{}}
 	for _, c := range gs {
 		g.Given = append(g.Given, events.Given{From: "test", Node: c.node, Values: events.GivenValues{Name: c.db}, Secret: e.encrypt(c.password)})
 	}
-	return g
+	return signGrant(e.tb, g)
+}
+
+// The test controller key pair, committed on purpose: it signs the
+// made-up grants of these tests and nothing else.
+const (
+	testControllerKey = "testdata/controller.key"
+	testControllerPub = "testdata/controller.pub"
+)
+
+// signGrant is g with the test controller's envelope (any it held is
+// replaced), as `steward publish --signing-key` sends it.
+func signGrant(tb testing.TB, g events.GrantChanged) events.GrantChanged {
+	tb.Helper()
+	return signGrantWith(tb, testControllerKey, g)
+}
+
+// signGrantWith is g with an envelope by the private key at keyPath.
+func signGrantWith(tb testing.TB, keyPath string, g events.GrantChanged) events.GrantChanged {
+	tb.Helper()
+	key, err := signing.LoadPrivateKey(keyPath)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out, err := signing.SignGrant(key, g)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return out
 }
 
 // db names a database inside this env, so cleanup and other tests never

@@ -48,21 +48,26 @@ func TestHandlerEndToEnd(t *testing.T) {
 	attackerPasswords := []string{"p-attack-1", "p-attack-2", "p-attack-3", "p-attack-4"}
 	other := e.grant(2, giv{"a", e.db("a"), attackerPasswords[0]})
 	other.Machine = "other"
+	other = signGrant(t, other)
 	publishRaw(t, js, "steward.events.grant.changed."+testMachine, "other", other)
 	wrongReq := e.grant(2, giv{"a", e.db("a"), attackerPasswords[0]})
 	wrongReq.Requirement = "mysql"
+	wrongReq = signGrant(t, wrongReq)
 	publishRaw(t, js, "steward.events.grant.changed."+testMachine, testMachine, wrongReq)
 
 	missing := e.grant(2, giv{"a", e.db("a"), attackerPasswords[1]}, giv{"b", e.db("b"), "unused"})
 	missing.Given[1].Secret = ""
+	missing = signGrant(t, missing)
 	workertest.PublishData(t, js, events.TypeGrantChanged, testMachine, missing)
 
 	foreign := e.grant(2, giv{"a", e.db("a"), attackerPasswords[2]}, giv{"b", e.db("b"), "unused"})
 	foreign.Given[1].Secret = encryptTo(t, mustRecipient(t), attackerPasswords[3])
+	foreign = signGrant(t, foreign)
 	workertest.PublishData(t, js, events.TypeGrantChanged, testMachine, foreign)
 
 	damaged := e.grant(2, giv{"a", e.db("a"), attackerPasswords[2]}, giv{"b", e.db("b"), "unused"})
 	damaged.Given[1].Secret = "-----BEGIN AGE ENCRYPTED FILE-----\nbm90IGFnZQ==\n-----END AGE ENCRYPTED FILE-----\n"
+	damaged = signGrant(t, damaged)
 	workertest.PublishData(t, js, events.TypeGrantChanged, testMachine, damaged)
 
 	long := e.grant(2, giv{"a", e.db("a"), attackerPasswords[2]}, giv{"b", strings.Repeat("d", 64), "unused"})
@@ -167,8 +172,15 @@ func TestHandleRefusesAnotherMachine(t *testing.T) {
 // validation stops first (another machine, another requirement) still
 // reaches the handler's own checks. It returns the handler's error and the
 // outcomes it emitted. Grants the runtime would let through go through
-// workertest.Work instead.
+// workertest.Work instead. g is signed by the test controller first, so
+// each case reaches the check it is about; handleAsIs does not sign.
 func handleUnchecked(t testing.TB, w *Worker, g events.GrantChanged) (error, []event.Event) {
+	t.Helper()
+	return handleAsIs(t, w, signGrant(t, g))
+}
+
+// handleAsIs is handleUnchecked with g as it is given, envelope or none.
+func handleAsIs(t testing.TB, w *Worker, g events.GrantChanged) (error, []event.Event) {
 	t.Helper()
 	raw, err := json.Marshal(g)
 	if err != nil {

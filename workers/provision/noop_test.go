@@ -29,7 +29,7 @@ func noop200(tb testing.TB) {
 		e := openEnv(tb, testURL())
 		fixture200.e = e
 		st := &statements{}
-		w, err := newWorker(Config{Machine: testMachine, AgeIdentity: e.idPath, DatabaseURL: e.url, RolePrefix: e.prefix}, st)
+		w, err := newWorker(Config{Machine: testMachine, AgeIdentity: e.idPath, DatabaseURL: e.url, RolePrefix: e.prefix, ControllerKey: testControllerPub}, st)
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -69,6 +69,7 @@ func cleanupFixture200() {
 func nextNoop(tb testing.TB) *Applied {
 	tb.Helper()
 	fixture200.grant.Generation++
+	fixture200.grant = signGrant(tb, fixture200.grant)
 	fixture200.st.reset()
 	return apply(tb, fixture200.w, fixture200.grant)
 }

@@ -15,6 +15,15 @@
 // and statement_timeout on every statement. Passwords are sent to the server only as SCRAM-SHA-256
 // verifiers Steward computes itself, so no plaintext reaches the server's
 // logs or pg_stat_statements.
+//
+// A grant counts only when the controller signed it (DESIGN §2): the
+// machine's recipient is public, so a grant that is unsigned, does not
+// verify with a key of --controller-key, names another machine or disagrees
+// with the event's fields is refused before its generation is compared or
+// anything is changed, and ranks nowhere. A machine pinned by a signed
+// mistake (a generation far above the controller's) is reset by deleting
+// its row of steward.provision_generation (see the README); the next signed
+// grant of any generation is then reconciled in full.
 package provision
 
 import (
@@ -33,6 +42,7 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/agekey"
+	"github.com/steward-dev/steward/internal/signing"
 	"github.com/steward-dev/steward/workers"
 )
 
@@ -57,6 +67,10 @@ const (
 type Config struct {
 	// Machine is the name grants address this PostgreSQL server by.
 	Machine string
+	// ControllerKey is the controller's ed25519 public key set that signs
+	// grants: a PEM file holding one or more PUBLIC KEY blocks, or several
+	// files separated by commas (signing.LoadEnvelopeKeys).
+	ControllerKey string
 	// AgeIdentity is the file holding the machine's age identity, as
 	// age-keygen writes it; grants' secrets are encrypted to it.
 	AgeIdentity string
@@ -71,12 +85,13 @@ type Config struct {
 
 // AddFlags registers the configuration's flags (DESIGN §6:
 // STEWARD_MACHINE, STEWARD_AGE_IDENTITY, STEWARD_DATABASE_URL,
-// STEWARD_ROLE_PREFIX).
+// STEWARD_ROLE_PREFIX; issue 12 adds STEWARD_CONTROLLER_KEY).
 func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	if c.RolePrefix == "" {
 		c.RolePrefix = DefaultRolePrefix
 	}
 	fs.StringVar(&c.Machine, "machine", c.Machine, "the machine this PostgreSQL server is granted as (a key: letters, digits, '_' and '-')")
+	fs.StringVar(&c.ControllerKey, "controller-key", c.ControllerKey, "the controller's ed25519 public keys (PEM) that sign grants: one file with one or more PUBLIC KEY blocks, or files separated by commas; an unsigned grant is refused")
 	fs.StringVar(&c.AgeIdentity, "age-identity", c.AgeIdentity, "file holding the machine's age identity; grants' passwords are encrypted to its recipient")
 	fs.StringVar(&c.DatabaseURL, "database-url", c.DatabaseURL, "PostgreSQL connection string for a superuser (empty: the libpq variables PGHOST, PGPORT, PGUSER, ... decide)")
 	fs.StringVar(&c.RolePrefix, "role-prefix", c.RolePrefix, "prefix marking the roles Steward owns; roles without it are never touched")
@@ -96,7 +111,9 @@ type Worker struct {
 	machine string
 	prefix  string
 	id      *agekey.Identity
-	pool    *pgxpool.Pool
+	// keys are the controller keys a grant must be signed by.
+	keys *signing.KeySet
+	pool *pgxpool.Pool
 	// dbTarget names the server for messages (host, port, user; never a
 	// password).
 	dbTarget string
@@ -137,6 +154,13 @@ func newWorker(cfg Config, tracer pgx.QueryTracer) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--age-identity: %w", err)
 	}
+	if strings.TrimSpace(cfg.ControllerKey) == "" {
+		return nil, errors.New("--controller-key is required: the controller's ed25519 public key (PEM) that signs grants (steward keys --kind controller makes a pair); the machine's recipient is public, so an unsigned grant proves nothing")
+	}
+	keys, err := signing.LoadEnvelopeKeys(cfg.ControllerKey)
+	if err != nil {
+		return nil, fmt.Errorf("--controller-key: %w", err)
+	}
 	pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
 	if err != nil {
 		// pgconn redacts the password from its parse errors.
@@ -158,6 +182,7 @@ func newWorker(cfg Config, tracer pgx.QueryTracer) (*Worker, error) {
 		machine:  cfg.Machine,
 		prefix:   cfg.RolePrefix,
 		id:       id,
+		keys:     keys,
 		pool:     pool,
 		dbTarget: fmt.Sprintf("PostgreSQL at %s:%d as %s", pc.ConnConfig.Host, pc.ConnConfig.Port, pc.ConnConfig.User),
 		running:  make(chan struct{}, 1),
@@ -184,8 +209,9 @@ func (w *Worker) Spec() workers.Spec {
 }
 
 // rank is a grant's place in its machine's order, its generation, once it
-// passes the checks Handle refuses by; a grant that fails them ranks
-// nowhere and supersedes nothing.
+// passes the checks Handle refuses by (the controller's signature among
+// them); a grant that fails them ranks nowhere and supersedes nothing, so
+// an unsigned huge generation holds back no real one.
 func (w *Worker) rank(_ context.Context, d *workers.Delivery) (uint64, error) {
 	var g events.GrantChanged
 	if err := d.DataAs(&g); err != nil {
@@ -321,14 +347,30 @@ func (w *Worker) Handle(ctx context.Context, d *workers.Delivery) error {
 	return nil
 }
 
-// checkGrant refuses what concerns the grant as a whole.
+// checkGrant refuses what concerns the grant as a whole: another machine,
+// then anything the controller did not sign exactly as the event says
+// (before the generation is believed), then the requirement and the
+// generation's range.
 func (w *Worker) checkGrant(g events.GrantChanged) *refusal {
 	ref := func(rule, reason string) *refusal {
 		return &refusal{Refused{Machine: w.machine, Generation: g.Generation, Rule: rule, Reason: reason}}
 	}
-	switch {
-	case g.Machine != w.machine:
+	if g.Machine != w.machine {
 		return ref("machine", fmt.Sprintf("the grant is for machine %q but this worker provisions %q, so it was not applied here", g.Machine, w.machine))
+	}
+	if _, err := signing.OpenGrant(w.keys, g); err != nil {
+		rule, what := signing.RuleSignature, "is not accepted as the controller's"
+		var se *signing.StateError
+		if errors.As(err, &se) {
+			rule = se.Rule
+		}
+		if rule == signing.RuleUnsigned {
+			what = "is not signed by the controller"
+		}
+		return ref(rule, fmt.Sprintf("generation %d for machine %s %s (%v), so nothing was changed and its generation counts for nothing; republish it signed with a key of --controller-key (steward publish --signing-key)",
+			g.Generation, w.machine, what, err))
+	}
+	switch {
 	case g.Requirement != "postgres":
 		return ref("requirement", fmt.Sprintf("the grant requires %q but this worker provisions only \"postgres\"", g.Requirement))
 	case g.Generation == 0 || g.Generation > math.MaxInt64:

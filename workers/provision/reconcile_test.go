@@ -264,6 +264,7 @@ func TestRefusalChangesNothing(t *testing.T) {
 				c.patch(i, &g.Given[i].Secret)
 			}
 		}
+		g = signGrant(t, g)
 		_, err := w.reconcile(ctx, g)
 		var r *refusal
 		if !errors.As(err, &r) || r.Rule != c.rule {
@@ -310,7 +311,7 @@ func TestRoleOfStewardIsRefused(t *testing.T) {
 	if len(me) < 2 || !prefixPattern.MatchString(me[:len(me)-1]) {
 		t.Fatalf("the test user %q cannot be split into a mark and a node", me)
 	}
-	w, err := newWorker(Config{Machine: testMachine, AgeIdentity: e.idPath, DatabaseURL: e.url, RolePrefix: me[:len(me)-1]}, nil)
+	w, err := newWorker(Config{Machine: testMachine, AgeIdentity: e.idPath, DatabaseURL: e.url, RolePrefix: me[:len(me)-1], ControllerKey: testControllerPub}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
