@@ -2,165 +2,211 @@ package main
 
 import (
 	"bytes"
-	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
-	"unicode"
-	"unicode/utf8"
+	"time"
+	"unicode/utf16"
 
-	"github.com/cloudevents/sdk-go/v2/event"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/steward-dev/steward/events"
-	"github.com/steward-dev/steward/internal/streamread"
+	"github.com/steward-dev/steward/internal/ops"
 )
+
+// steward dlq is a thin command line over internal/ops's dead-letter
+// lifecycle (ops.ListLetters, RetryLetters, RemoveLetters, PurgeLetters):
+// the console calls the same functions, so both select, act and audit the
+// same way.
 
 func newDLQCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dlq",
-		Short: "List, show and retry dead letters",
+		Short: "List, show, retry and remove dead letters",
 		Long: `Dead letters are events a worker could not apply, kept in STEWARD_DLQ with the
 reason (Steward-Error), the worker (Steward-Worker), the original's stream,
 sequence, subject and digest, and the number of deliveries. They are kept until
-retried. Everything printed is taken from the bus, so control characters in it
-are shown escaped (\x1b, \u202e), never sent to the terminal.`,
+an operator retries or removes them (or for 90 days).
+
+ls, retry and rm take the same filter: --worker, --type, --key, --reason and a
+time range (--since, --until) on when the letter was stored. Every retry, rm
+and purge logs one audit line per letter (action, result, DLQ sequence, event
+id, worker) and stores an audit event dev.steward.dlq.<result>.v1 on
+steward.outcomes.dlq.<worker>.<instance>.
+
+Everything printed is taken from the bus, so control characters in it are
+shown escaped (\x1b, \u202e), never sent to the terminal, and secrets in data
+and headers are elided.`,
 	}
-	cmd.AddCommand(newDLQLsCmd(g), newDLQShowCmd(g), newDLQRetryCmd(g))
+	out := addOutputFlags(cmd)
+	cmd.AddCommand(newDLQLsCmd(g, out), newDLQShowCmd(g, out), newDLQRetryCmd(g, out), newDLQRmCmd(g, out), newDLQPurgeCmd(g, out))
 	return cmd
 }
 
-// dlqFilter selects dead letters. Listing and retrying both take one, so a
-// new selection (by reason, key, age) is added here once and both commands
-// get it.
-type dlqFilter struct {
-	// worker is a worker name (credential) or a consumer (credential-h1);
-	// "" is every worker.
-	worker string
-	// seqs are STEWARD_DLQ sequences; nil is every letter.
-	seqs []uint64
+// dlqFilterFlags are the filter flags of ls, retry and rm, parsed into an
+// ops.LetterFilter.
+type dlqFilterFlags struct {
+	worker, typ, key, reason, since, until string
 }
 
-// match says whether the filter selects d. The worker is matched on the
-// letter's Steward-Worker header, which a forged letter may set at will:
-// retry checks it against the DLQ subject before it acts on it.
-func (f dlqFilter) match(d events.DeadLetter) bool {
-	if f.seqs != nil && !slices.Contains(f.seqs, d.DLQSequence) {
-		return false
-	}
-	w := d.Worker
-	return f.worker == "" || w == f.worker || strings.HasPrefix(w, f.worker+"-")
+func (f *dlqFilterFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.worker, "worker", "", "only this worker: a name (credential) or a consumer (credential-h1)")
+	fs.StringVar(&f.typ, "type", "", "only events of this type: dev.steward.credential.rotated.v1, or credential.rotated")
+	fs.StringVar(&f.key, "key", "", "only events of this key")
+	fs.StringVar(&f.reason, "reason", "", "only letters whose reason holds this text (any case)")
+	fs.StringVar(&f.since, "since", "", "only letters stored at or after this time: RFC 3339 or a duration back from now (24h)")
+	fs.StringVar(&f.until, "until", "", "only letters stored before this time: RFC 3339 or a duration back from now (1h)")
 }
 
-// readDLQ returns the dead letters the filter selects, in DLQ order. A
-// filter of sequences reads only those.
-func readDLQ(ctx context.Context, js jetstream.JetStream, f dlqFilter) ([]events.DeadLetter, error) {
-	if f.seqs != nil {
-		var out []events.DeadLetter
-		for _, seq := range f.seqs {
-			d, err := getDeadLetter(ctx, js, seq)
-			if err != nil {
-				return nil, err
+func (f *dlqFilterFlags) filter(now time.Time) (ops.LetterFilter, error) {
+	lf := ops.LetterFilter{Worker: f.worker, Key: f.key, Reason: f.reason}
+	if f.typ != "" {
+		typ := f.typ
+		if !strings.HasPrefix(typ, "dev.steward.") {
+			typ = "dev.steward." + typ + ".v1"
+		}
+		if _, ok := events.Lookup(typ); !ok {
+			var known []string
+			for _, k := range events.Kinds() {
+				known = append(known, k.Type)
 			}
-			if f.match(d) {
-				out = append(out, d)
-			}
+			return lf, fmt.Errorf("--type %q is not a Steward event type: want one of %s", f.typ, strings.Join(known, ", "))
 		}
-		return out, nil
+		lf.Type = typ
 	}
-	var out []events.DeadLetter
-	err := streamread.Each(ctx, js, streamread.Range{Stream: events.StreamDLQ}, func(m jetstream.Msg) error {
-		meta, err := m.Metadata()
-		if err != nil {
-			return err
-		}
-		d := events.ParseDeadLetter(meta.Sequence.Stream, m.Subject(), m.Headers(), m.Data())
-		if f.match(d) {
-			out = append(out, d)
-		}
-		return nil
-	})
-	return out, err
+	var err error
+	if lf.Since, err = parseWhen("since", f.since, now); err != nil {
+		return lf, err
+	}
+	if lf.Until, err = parseWhen("until", f.until, now); err != nil {
+		return lf, err
+	}
+	return lf, nil
 }
 
-func getDeadLetter(ctx context.Context, js jetstream.JetStream, seq uint64) (events.DeadLetter, error) {
-	s, err := js.Stream(ctx, events.StreamDLQ)
+// parseWhen reads a time flag: RFC 3339, or a positive duration back from
+// now. "" is no bound.
+func parseWhen(flag, v string, now time.Time) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339, v); err == nil {
+		return t, nil
+	}
+	if d, err := time.ParseDuration(v); err == nil && d > 0 {
+		return now.Add(-d), nil
+	}
+	return time.Time{}, fmt.Errorf("--%s %q is neither an RFC 3339 time (2026-01-02T15:04:05Z) nor a positive duration back from now (24h)", flag, v)
+}
+
+func parseDLQSeqs(args []string) ([]uint64, error) {
+	var out []uint64
+	for _, arg := range args {
+		seq, err := strconv.ParseUint(arg, 10, 64)
+		if err != nil || seq == 0 {
+			return nil, fmt.Errorf("%s is not a %s sequence (see steward dlq ls)", strconv.Quote(arg), events.StreamDLQ)
+		}
+		out = append(out, seq)
+	}
+	return out, nil
+}
+
+// selectLetters connects and lists what seqs or the filter select.
+func selectLetters(cmd *cobra.Command, g *globals, f ops.LetterFilter) (*ops.LetterList, func(), error) {
+	nc, js, err := g.connect(cmd.Context(), "steward dlq", false)
 	if err != nil {
-		return events.DeadLetter{}, fmt.Errorf("stream %s: %w", events.StreamDLQ, err)
+		return nil, nil, err
 	}
-	m, err := s.GetMsg(ctx, seq)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return events.DeadLetter{}, fmt.Errorf("no dead letter at %s sequence %d (it may have been retried already; see steward dlq ls)", events.StreamDLQ, seq)
-	}
+	list, err := ops.ListLetters(cmd.Context(), js, f)
 	if err != nil {
-		return events.DeadLetter{}, fmt.Errorf("dead letter %d: %w", seq, err)
+		nc.Close()
+		return nil, nil, withServerHint(g, err)
 	}
-	return events.ParseDeadLetter(m.Sequence, m.Subject, m.Header, m.Data), nil
+	return list, nc.Close, nil
 }
 
-func parseDLQSeq(arg string) (uint64, error) {
-	seq, err := strconv.ParseUint(arg, 10, 64)
-	if err != nil || seq == 0 {
-		return 0, fmt.Errorf("%s is not a %s sequence (see steward dlq ls)", strconv.Quote(arg), events.StreamDLQ)
-	}
-	return seq, nil
-}
-
-func newDLQLsCmd(g *globals) *cobra.Command {
-	var f dlqFilter
+func newDLQLsCmd(g *globals, out *outputFlags) *cobra.Command {
+	var ff dlqFilterFlags
 	cmd := &cobra.Command{
 		Use:   "ls",
-		Short: "List dead letters: sequence, worker, subject, deliveries, event id, reason",
-		Args:  cobra.NoArgs,
+		Short: "List dead letters: sequence, worker, subject, deliveries, time stored, type, key, event id, reason",
+		Example: `  steward dlq ls --worker credential --since 24h
+  steward dlq ls --type credential.rotated --reason "read-only" --json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			nc, js, err := g.connect(cmd.Context(), "steward dlq", false)
+			asJSON, err := out.asJSON()
 			if err != nil {
 				return err
 			}
-			defer nc.Close()
-			list, err := readDLQ(cmd.Context(), js, f)
+			f, err := ff.filter(time.Now())
 			if err != nil {
 				return err
 			}
-			listDeadLetters(cmd.OutOrStdout(), list)
-			fmt.Fprintf(cmd.ErrOrStderr(), "%d dead letters\n", len(list))
+			list, done, err := selectLetters(cmd, g, f)
+			if err != nil {
+				return err
+			}
+			defer done()
+			if asJSON {
+				return printSafeJSON(cmd.OutOrStdout(), list)
+			}
+			if err := listLetters(cmd.OutOrStdout(), list.Letters); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "%d dead letters\n", len(list.Letters))
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&f.worker, "worker", "", "only this worker: a name (credential) or a consumer (credential-h1)")
+	ff.register(cmd.Flags())
 	return cmd
 }
 
-// listDeadLetters prints one row per letter. Every field comes from the
-// bus, so each is escaped: a tab would break the columns and an escape
-// sequence would drive the terminal.
-func listDeadLetters(w io.Writer, list []events.DeadLetter) {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SEQ\tWORKER\tSUBJECT\tDELIVERIES\tEVENT\tREASON")
-	for _, d := range list {
-		id := d.EventID()
-		if id == "" {
-			id = "-"
-		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\n", d.DLQSequence, terminalSafe(d.Worker), terminalSafe(d.Subject), d.Delivered, terminalSafe(id), terminalSafe(d.Reason))
+// listLetters prints one row per letter; table escapes every cell. The
+// first columns are the ones scripts have read since the first version.
+func listLetters(w io.Writer, list []ops.Letter) error {
+	t := newTable(w, "SEQ", "WORKER", "SUBJECT", "DELIVERIES", "STORED", "TYPE", "KEY", "EVENT", "REASON")
+	for _, l := range list {
+		t.row(l.Sequence, letterWorker(l), l.Original.Subject, l.Deliveries, l.Time, shortType(l.Type), l.Key, l.EventID, l.Reason)
 	}
-	_ = tw.Flush()
+	return t.flush()
 }
 
-func newDLQShowCmd(g *globals) *cobra.Command {
+// letterWorker is the consumer a letter's DLQ subject names, and what its
+// Steward-Worker header says when the two disagree.
+func letterWorker(l ops.Letter) string {
+	w := l.WorkerName + "-" + l.Instance
+	if l.WorkerName == "" {
+		w = l.Consumer
+	}
+	if l.WorkerMismatch {
+		w += " (says " + strconv.Quote(l.Consumer) + ")"
+	}
+	return w
+}
+
+// shortType is a Steward type without dev.steward. and .v1.
+func shortType(t string) string {
+	if s, ok := strings.CutPrefix(t, "dev.steward."); ok {
+		return strings.TrimSuffix(s, ".v1")
+	}
+	return t
+}
+
+func newDLQShowCmd(g *globals, out *outputFlags) *cobra.Command {
 	return &cobra.Command{
-		Use:   "show <seq>",
-		Short: "Show one dead letter: its headers and data",
-		Args:  cobra.ExactArgs(1),
+		Use:     "show <seq>",
+		Short:   "Show one dead letter: what it is, its headers and data (secrets elided)",
+		Example: "  steward dlq show 12\n  steward dlq show 12 --json",
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			seq, err := parseDLQSeq(args[0])
+			asJSON, err := out.asJSON()
+			if err != nil {
+				return err
+			}
+			seqs, err := parseDLQSeqs(args)
 			if err != nil {
 				return err
 			}
@@ -169,311 +215,372 @@ func newDLQShowCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer nc.Close()
-			d, err := getDeadLetter(cmd.Context(), js, seq)
+			l, err := ops.GetLetter(cmd.Context(), js, seqs[0])
 			if err != nil {
-				return err
+				return withServerHint(g, err)
 			}
-			showDeadLetter(cmd.OutOrStdout(), d)
+			d := ops.Detail(l)
+			if asJSON {
+				return printSafeJSON(cmd.OutOrStdout(), d)
+			}
+			showLetter(cmd.OutOrStdout(), d)
 			return nil
 		},
 	}
 }
 
-func showDeadLetter(w io.Writer, d events.DeadLetter) {
-	fmt.Fprintf(w, "sequence: %d\nsubject: %s\n", d.DLQSequence, terminalSafe(d.DLQSubject))
+func showLetter(w io.Writer, d ops.LetterDetail) {
+	p := func(name, format string, args ...any) {
+		fmt.Fprintf(w, "%s: %s\n", name, escapeControl(fmt.Sprintf(format, args...)))
+	}
+	p("sequence", "%d", d.Sequence)
+	p("stored", "%s", d.Time.Format(time.RFC3339Nano))
+	p("subject", "%s", d.Subject)
+	p("worker", "%s", letterWorker(d.Letter))
+	p("event", "%s", cell(d.EventID))
+	p("type", "%s", cell(d.Type))
+	p("key", "%s", cell(d.Key))
+	if d.EventTime != nil {
+		p("event time", "%s", d.EventTime.Format(time.RFC3339Nano))
+	}
+	p("reason", "%s", d.Reason)
+	p("deliveries", "%d", d.Deliveries)
+	p("original", "%s sequence %d on %s", d.Original.Stream, d.Original.Sequence, cell(d.Original.Subject))
+	p("check", "%s", d.Check)
 	if d.Truncated {
-		fmt.Fprintf(w, "truncated: the letter holds %d of the original's %d bytes; the original is %s sequence %d\n", len(d.Data), d.OriginalSize, d.Stream, d.Sequence)
+		p("truncated", "the letter holds %d of the original's %d bytes; a retry reads the original by reference", len(d.Raw.Data), d.OriginalSize)
 	}
 	fmt.Fprintln(w, "headers:")
-	names := make([]string, 0, len(d.Headers))
-	for k := range d.Headers {
-		names = append(names, k)
-	}
-	slices.Sort(names)
-	for _, k := range names {
-		for _, v := range d.Headers[k] {
-			fmt.Fprintf(w, "  %s: %s\n", terminalSafe(k), terminalSafe(v))
-		}
+	for _, h := range d.Headers {
+		fmt.Fprintf(w, "  %s: %s\n", escapeControl(h.Name), escapeControl(h.Value))
 	}
 	fmt.Fprintln(w, "data:")
-	var pretty bytes.Buffer
-	if !d.Truncated && json.Indent(&pretty, d.Data, "  ", "  ") == nil {
-		// Valid JSON may still carry raw C1 controls and bidi overrides
-		// inside its strings: escape each line.
-		for _, line := range strings.Split(pretty.String(), "\n") {
-			fmt.Fprintf(w, "  %s\n", terminalSafe(line))
-		}
-	} else {
-		fmt.Fprintf(w, "  %s\n", terminalSafe(strconv.Quote(string(d.Data))))
+	// Valid JSON may still carry raw C1 controls and bidi overrides inside
+	// its strings: escape each line.
+	for _, line := range strings.Split(d.Data, "\n") {
+		fmt.Fprintf(w, "  %s\n", escapeControl(line))
 	}
 }
 
-// terminalSafe escapes what a terminal would act on rather than show: C0
-// and C1 controls (ESC starts cursor moves and OSC 52 clipboard writes),
-// DEL, Unicode format characters (bidi overrides that reorder a line),
-// line and paragraph separators, and bytes that are not UTF-8. The result
-// is one line of printable text.
-func terminalSafe(s string) string {
-	clean := true
-	for _, r := range s {
-		if unsafeRune(r) {
-			clean = false
-			break
-		}
+// printSafeJSON is printJSON with what a terminal would act on escaped:
+// encoding/json escapes C0 controls but writes DEL, C1 controls and bidi
+// overrides as they are, so those are written as \u escapes, which any
+// JSON reader decodes to the same text.
+func printSafeJSON(w io.Writer, v any) error {
+	var buf bytes.Buffer
+	if err := printJSON(&buf, v); err != nil {
+		return err
 	}
-	if clean {
+	_, err := io.WriteString(w, jsonSafe(buf.String()))
+	return err
+}
+
+func jsonSafe(s string) string {
+	if !strings.ContainsFunc(s, func(r rune) bool { return r >= 0x7f && controlRune(r) }) {
 		return s
 	}
 	var b strings.Builder
-	for i := 0; i < len(s); {
-		r, n := utf8.DecodeRuneInString(s[i:])
+	for _, r := range s {
 		switch {
-		case r == utf8.RuneError && n == 1:
-			fmt.Fprintf(&b, `\x%02x`, s[i])
-		case r < 0x80 && unsafeRune(r):
-			fmt.Fprintf(&b, `\x%02x`, r)
-		case unsafeRune(r):
-			fmt.Fprintf(&b, `\u%04x`, r)
+		case r < 0x7f || !controlRune(r):
+			b.WriteRune(r)
+		case r > 0xffff:
+			r1, r2 := utf16.EncodeRune(r)
+			fmt.Fprintf(&b, `\u%04x\u%04x`, r1, r2)
 		default:
-			b.WriteString(s[i : i+n])
+			fmt.Fprintf(&b, `\u%04x`, r)
 		}
-		i += n
 	}
 	return b.String()
 }
 
-func unsafeRune(r rune) bool {
-	return r == utf8.RuneError || r < 0x20 || (r >= 0x7f && r < 0xa0) ||
-		unicode.Is(unicode.Cf, r) || unicode.Is(unicode.Zl, r) || unicode.Is(unicode.Zp, r)
+// actFlags are what retry and rm take besides the filter.
+type actFlags struct {
+	dlqFilterFlags
+	dryRun        bool
+	noAuditEvents bool
+	// yes confirms a retry of every letter of every worker.
+	yes bool
 }
 
-func newDLQRetryCmd(g *globals) *cobra.Command {
-	var f dlqFilter
-	var all bool
+func (a *actFlags) register(fs *pflag.FlagSet) {
+	a.dlqFilterFlags.register(fs)
+	fs.BoolVar(&a.dryRun, "dry-run", false, "list what would be acted on, and do nothing")
+	fs.BoolVar(&a.noAuditEvents, "no-audit-events", false, "log the audit lines but store no audit events on steward.outcomes.dlq.>")
+}
+
+// selection reads what retry or rm act on: the sequences given, or what
+// the filter matches (all of them only with all).
+func (a *actFlags) selection(cmd *cobra.Command, args []string, all bool, verb string) (ops.LetterFilter, error) {
+	f, err := a.filter(time.Now())
+	if err != nil {
+		return f, err
+	}
+	switch {
+	case len(args) > 0 && (!f.Empty() || all):
+		return f, fmt.Errorf("give sequences or a filter, not both: %s %s, or %s --worker …", verb, strings.Join(args, " "), verb)
+	case len(args) > 0:
+		f.Seqs, err = parseDLQSeqs(args)
+		return f, err
+	case all && f.Empty() && !a.yes:
+		return f, errors.New("--all without a filter retries every worker's dead letters at once, which is rarely meant: narrow it with --worker (or another filter), or confirm with --all --yes")
+	case f.Empty() && !all:
+		if verb == "rm" {
+			return f, errors.New("give sequences or a filter (--worker, --type, --key, --reason, --since, --until); to remove every dead letter, run steward dlq purge --yes")
+		}
+		return f, fmt.Errorf("give sequences, a filter (--worker, --type, --key, --reason, --since, --until), or --all for every dead letter")
+	}
+	return f, nil
+}
+
+func (a *actFlags) options(g *globals) ops.ActOptions {
+	return ops.ActOptions{Log: g.log.With().Str("component", "dlq").Logger(), Actor: "steward dlq", NoAuditEvents: a.noAuditEvents}
+}
+
+func newDLQRetryCmd(g *globals, out *outputFlags) *cobra.Command {
+	var (
+		a    actFlags
+		all  bool
+		rate float64
+	)
 	cmd := &cobra.Command{
-		Use:   "retry [<seq>]",
+		Use:   "retry [<seq>...]",
 		Short: "Republish dead letters to the subject their event belongs on, then remove them",
-		Long: `Republish a dead letter (or, with --all, every dead letter of --worker) and then
-delete it from STEWARD_DLQ. The event is decoded from the letter (or, for a
-letter kept by reference, read from STEWARD_EVENTS and checked against the
-letter's digest), validated again, and published to the subject its type and
-key map to, never to a subject the letter names. A letter whose worker and DLQ
-subject disagree, that was altered, or whose event is still invalid is refused
-and kept. When JetStream reports the republish as a duplicate of something
-other than this event, nothing was stored, so the letter is kept.
+		Long: `Republish dead letters (the sequences given, what a filter matches, or --all)
+and remove each from STEWARD_DLQ once its event is stored. The event is decoded
+from the letter (or, for a letter kept by reference, read from STEWARD_EVENTS
+and checked against the letter's digest), validated again, and published to the
+subject its type and key map to, never to a subject the letter names. A letter
+whose worker and DLQ subject disagree, that was altered, or whose event is still
+invalid is refused and kept. When JetStream reports the republish as a
+duplicate of something other than this event, nothing was stored, so the letter
+is kept.
+
+Letters are republished in the order their originals were stored, at most
+--rate a second. A refused letter holds back the later letters of its key
+(reported as held, and kept), so no key's events are republished out of order.
 
 Every consumer of that subject sees the event again as a new stream message;
 the handlers' idempotency keeps that safe. Fix what the reason names first, or
 the event comes back.`,
 		Example: `  steward dlq retry 12
-  steward dlq retry --worker credential-h1 --all`,
-		Args: cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if (len(args) == 1) == all {
-				return errors.New("give one sequence, or --all with --worker")
-			}
-			if all && f.worker == "" {
-				return errors.New("--all needs --worker: retrying every worker's dead letters at once is rarely meant")
-			}
-			if !all {
-				seq, err := parseDLQSeq(args[0])
-				if err != nil {
-					return err
-				}
-				f.seqs = []uint64{seq}
-			}
-			ctx := cmd.Context()
-			nc, js, err := g.connect(ctx, "steward dlq", false)
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
-			list, err := readDLQ(ctx, js, f)
-			if err != nil {
-				return err
-			}
-			return retryAll(ctx, js, list, cmd.OutOrStdout(), cmd.ErrOrStderr())
-		},
+  steward dlq retry --worker credential-h1 --reason "read-only" --rate 5
+  steward dlq retry --all --worker credential --dry-run
+  steward dlq retry --all --yes`,
 	}
-	cmd.Flags().StringVar(&f.worker, "worker", "", "the worker whose dead letters --all retries: a name or a consumer")
-	cmd.Flags().BoolVar(&all, "all", false, "retry every dead letter of --worker")
+	a.register(cmd.Flags())
+	cmd.Flags().BoolVar(&all, "all", false, "retry every dead letter the filter matches (with no filter, every worker's: add --yes)")
+	cmd.Flags().BoolVar(&a.yes, "yes", false, "with --all and no filter: yes, every worker's dead letters")
+	cmd.Flags().Float64Var(&rate, "rate", ops.DefaultRetryRate, "republish at most this many letters a second")
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		asJSON, err := out.asJSON()
+		if err != nil {
+			return err
+		}
+		if rate <= 0 {
+			return fmt.Errorf("--rate %g: give a positive number of letters a second (a bulk retry at an unbounded rate floods the workers)", rate)
+		}
+		f, err := a.selection(cmd, args, all, "retry")
+		if err != nil {
+			return err
+		}
+		ctx := cmd.Context()
+		nc, js, err := g.connect(ctx, "steward dlq", false)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		list, err := ops.ListLetters(ctx, js, f)
+		if err != nil {
+			return withServerHint(g, err)
+		}
+		if err := missingSeqs(f, list); err != nil {
+			return err
+		}
+		if a.dryRun {
+			return dryRun(cmd, asJSON, "retry", ops.RetryOrder(list.Letters))
+		}
+		o := ops.RetryOptions{ActOptions: a.options(g), Rate: rate}
+		p := startProgress(cmd.ErrOrStderr(), cmd.OutOrStdout(), "retried")
+		p.setTotal(uint64(len(list.Letters)))
+		o.OnResult = func(ops.Result) { p.add(1) }
+		rep, runErr := ops.RetryLetters(ctx, js, list.Letters, o)
+		p.finish()
+		if err := report(cmd, asJSON, rep); err != nil {
+			return err
+		}
+		return errors.Join(runErr, rep.Err())
+	}
 	return cmd
 }
 
-// retryAll retries each letter, going on past a refused one so that one
-// bad letter does not hold up the others, and fails at the end if any was
-// refused.
-func retryAll(ctx context.Context, js jetstream.JetStream, list []events.DeadLetter, out, errOut io.Writer) error {
-	refused := 0
-	for _, d := range list {
-		r, err := retryDeadLetter(ctx, js, d)
-		if err != nil {
-			refused++
-			fmt.Fprintf(errOut, "refused: %s\n", terminalSafe(err.Error()))
-			continue
-		}
-		note := ""
-		if r.already {
-			note = " (stored by an earlier retry; the letter is now removed)"
-		}
-		fmt.Fprintf(out, "retried dlq seq=%d id=%s worker=%s subject=%s new-seq=%d%s\n",
-			d.DLQSequence, terminalSafe(r.event.ID()), terminalSafe(d.Worker), r.subject, r.seq, note)
+// missingSeqs says which sequences given hold no letter, so `retry 12`
+// of a letter retried already is an error, not a quiet nothing.
+func missingSeqs(f ops.LetterFilter, list *ops.LetterList) error {
+	if f.Seqs == nil {
+		return nil
 	}
-	fmt.Fprintf(errOut, "%d dead letters retried\n", len(list)-refused)
-	if refused > 0 {
-		return fmt.Errorf("%d of %d dead letters were refused and kept in %s; fix what each refusal names, then retry them", refused, len(list), events.StreamDLQ)
+	found := map[uint64]bool{}
+	for _, l := range list.Letters {
+		found[l.Sequence] = true
+	}
+	var missing []string
+	for _, s := range f.Seqs {
+		if !found[s] {
+			missing = append(missing, strconv.FormatUint(s, 10))
+		}
+	}
+	if missing != nil {
+		return fmt.Errorf("no dead letter at %s sequence %s (retried or removed already?); nothing was done: list what is there with steward dlq ls", events.StreamDLQ, strings.Join(missing, ", "))
 	}
 	return nil
 }
 
-// retried is what a retry did.
-type retried struct {
-	event   event.Event
-	subject string
-	seq     uint64
-	// already says the republish was a duplicate of this same event,
-	// stored by an earlier retry that stopped before deleting the letter.
-	already bool
-}
-
-// forbiddenPrefixes are subjects a retry never publishes to, whatever the
-// event says: the JetStream and KV APIs, reply inboxes and the system
-// account. The subject is derived from a validated event and always starts
-// with steward.events., so this is a second lock, not the first.
-var forbiddenPrefixes = []string{"$JS.", "$KV.", "$SYS.", "$O.", "_INBOX."}
-
-// retryDeadLetter republishes the event of d to the subject that event
-// maps to and then deletes d. Its Nats-Msg-Id is derived from the letter's
-// sequence and digest, so running the retry again after a crash between
-// the two steps stores the event once (inside the dedupe window) and then
-// deletes the letter.
-func retryDeadLetter(ctx context.Context, js jetstream.JetStream, d events.DeadLetter) (retried, error) {
-	e, digest, err := letterEvent(ctx, js, d)
-	if err != nil {
-		return retried{}, err
+func dryRun(cmd *cobra.Command, asJSON bool, verb string, list []ops.Letter) error {
+	if asJSON {
+		return printSafeJSON(cmd.OutOrStdout(), ops.LetterList{Letters: list})
 	}
-	k, _ := events.Lookup(e.Type())
-	subject, err := k.SubjectFor(e.Subject())
-	if err != nil {
-		return retried{}, fmt.Errorf("dead letter %d: the event's key has no subject: %w; it was left in the DLQ", d.DLQSequence, err)
+	if err := listLetters(cmd.OutOrStdout(), list); err != nil {
+		return err
 	}
-	if !strings.HasPrefix(subject, events.EventsPrefix+".") || slices.ContainsFunc(forbiddenPrefixes, func(p string) bool { return strings.HasPrefix(subject, p) }) {
-		return retried{}, fmt.Errorf("dead letter %d maps to %s, outside %s.>; it was left in the DLQ", d.DLQSequence, subject, events.EventsPrefix)
-	}
-	msg, err := events.Encode(subject, e)
-	if err != nil {
-		return retried{}, fmt.Errorf("dead letter %d: %w; it was left in the DLQ", d.DLQSequence, err)
-	}
-	id := retryMsgID(d.DLQSequence, digest)
-	msg.Header.Set(nats.MsgIdHdr, id)
-	ack, err := js.PublishMsg(ctx, msg, jetstream.WithExpectStream(events.StreamEvents))
-	if err != nil {
-		return retried{}, fmt.Errorf("republish dead letter %d (event %s) to %s: %w; it was left in the DLQ", d.DLQSequence, e.ID(), subject, err)
-	}
-	r := retried{event: e, subject: subject, seq: ack.Sequence}
-	if ack.Duplicate {
-		// Nothing new was stored. Only if what JetStream holds under this
-		// id is this very event may the letter go.
-		if err := sameStored(ctx, js, ack.Sequence, id, msg); err != nil {
-			return retried{}, fmt.Errorf("dead letter %d (event %s): JetStream reports the republish as a duplicate of %s sequence %d, and %w: nothing was stored, so the letter is kept; retry it again after the %s dedupe window", d.DLQSequence, e.ID(), events.StreamEvents, ack.Sequence, err, events.StreamEvents)
-		}
-		r.already = true
-	}
-	s, err := js.Stream(ctx, events.StreamDLQ)
-	if err == nil {
-		err = s.DeleteMsg(ctx, d.DLQSequence)
-	}
-	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return retried{}, fmt.Errorf("dead letter %d was republished at %s sequence %d but could not be deleted from the DLQ: %w; retry it again (within the dedupe window the event is not stored twice)", d.DLQSequence, events.StreamEvents, ack.Sequence, err)
-	}
-	return r, nil
-}
-
-// retryMsgID is the Nats-Msg-Id of a retry of the letter at dlqSeq.
-func retryMsgID(dlqSeq uint64, digest string) string {
-	d := strings.TrimPrefix(digest, "sha256:")
-	if len(d) > 32 {
-		d = d[:32]
-	}
-	return "steward-dlq-retry-" + strconv.FormatUint(dlqSeq, 10) + "-" + d
-}
-
-// letterEvent is the event a retry republishes, with the digest of the
-// original it came from: the letter's own event when the letter is whole
-// and matches its digest, or the original read by reference when the
-// letter is truncated. The event is validated again, as a publisher would.
-func letterEvent(ctx context.Context, js jetstream.JetStream, d events.DeadLetter) (event.Event, string, error) {
-	if err := d.CheckWorker(); err != nil {
-		return event.Event{}, "", fmt.Errorf("%w; it was left in the DLQ (delete it once you know who wrote it)", err)
-	}
-	var e event.Event
-	digest := d.Digest
-	switch {
-	case d.Truncated:
-		orig, err := originalOf(ctx, js, d)
-		if err != nil {
-			return event.Event{}, "", err
-		}
-		e = orig
-	case d.Event == nil:
-		return event.Event{}, "", fmt.Errorf("dead letter %d does not hold a readable CloudEvent (it may be why it is dead): there is nothing to republish; publish a corrected event with steward publish, then delete the letter", d.DLQSequence)
-	default:
-		if err := d.Verify(); err != nil && !errors.Is(err, events.ErrLetterUnverifiable) {
-			return event.Event{}, "", fmt.Errorf("dead letter %d: %w; it was left in the DLQ", d.DLQSequence, err)
-		}
-		if digest == "" {
-			// Written before letters carried digests.
-			digest = events.LetterDigest(d.Subject, d.Headers, d.Data)
-		}
-		e = *d.Event
-	}
-	if err := events.Validate(e); err != nil {
-		return event.Event{}, "", fmt.Errorf("dead letter %d (event %s) is still not a valid event: %w; it was left in the DLQ: fix the publisher and publish a corrected event", d.DLQSequence, e.ID(), err)
-	}
-	return e, digest, nil
-}
-
-// originalOf reads the original of a letter kept by reference and checks
-// it is the one the letter names.
-func originalOf(ctx context.Context, js jetstream.JetStream, d events.DeadLetter) (event.Event, error) {
-	if d.Stream != events.StreamEvents {
-		return event.Event{}, fmt.Errorf("dead letter %d refers to stream %q, not %s; it was left in the DLQ", d.DLQSequence, d.Stream, events.StreamEvents)
-	}
-	s, err := js.Stream(ctx, events.StreamEvents)
-	if err != nil {
-		return event.Event{}, fmt.Errorf("dead letter %d: stream %s: %w", d.DLQSequence, events.StreamEvents, err)
-	}
-	m, err := s.GetMsg(ctx, d.Sequence)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return event.Event{}, fmt.Errorf("dead letter %d is kept by reference, and %s sequence %d is gone (past retention?): there is nothing to republish; it was left in the DLQ", d.DLQSequence, events.StreamEvents, d.Sequence)
-	}
-	if err != nil {
-		return event.Event{}, fmt.Errorf("dead letter %d: read its original at %s sequence %d: %w", d.DLQSequence, events.StreamEvents, d.Sequence, err)
-	}
-	if err := d.VerifyOriginal(m.Subject, m.Header, m.Data); err != nil {
-		return event.Event{}, fmt.Errorf("dead letter %d: %w; it was left in the DLQ", d.DLQSequence, err)
-	}
-	e, err := events.Decode(m.Header, m.Data)
-	if err != nil {
-		return event.Event{}, fmt.Errorf("dead letter %d: its original does not decode: %w; it was left in the DLQ", d.DLQSequence, err)
-	}
-	return e, nil
-}
-
-// sameStored checks that the message at seq in STEWARD_EVENTS is the
-// republish msg under id: the same subject, id and encoded event.
-func sameStored(ctx context.Context, js jetstream.JetStream, seq uint64, id string, msg *nats.Msg) error {
-	s, err := js.Stream(ctx, events.StreamEvents)
-	if err != nil {
-		return fmt.Errorf("it could not be read back: %w", err)
-	}
-	m, err := s.GetMsg(ctx, seq)
-	if err != nil {
-		return fmt.Errorf("it could not be read back: %w", err)
-	}
-	if m.Subject != msg.Subject || m.Header.Get(nats.MsgIdHdr) != id || !bytes.Equal(m.Data, msg.Data) ||
-		events.LetterDigest(m.Subject, m.Header, m.Data) != events.LetterDigest(msg.Subject, msg.Header, msg.Data) {
-		return errors.New("the message stored there is not this event")
-	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "dry run: %s would act on these %d dead letters, in this order; nothing was done\n", verb, len(list))
 	return nil
+}
+
+// report prints what an action did: one line per letter on stdout for
+// what was done, on stderr for what was kept, then the counts.
+func report(cmd *cobra.Command, asJSON bool, rep *ops.Report) error {
+	if rep == nil {
+		return nil
+	}
+	if asJSON {
+		return printSafeJSON(cmd.OutOrStdout(), rep)
+	}
+	stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
+	for _, r := range rep.Results {
+		worker := escapeControl(r.Worker + "-" + r.Instance)
+		id := escapeControl(cell(r.EventID))
+		switch {
+		case r.Result == ops.ResultRetried:
+			note := ""
+			if r.Already {
+				note = " (stored by an earlier retry; the letter is now removed)"
+			}
+			fmt.Fprintf(stdout, "retried dlq seq=%d id=%s worker=%s subject=%s new-seq=%d%s\n", r.Sequence, id, worker, r.Subject, r.NewSequence, note)
+		case r.OK():
+			fmt.Fprintf(stdout, "%s dlq seq=%d id=%s worker=%s key=%s\n", r.Result, r.Sequence, id, worker, escapeControl(cell(r.Key)))
+		default:
+			fmt.Fprintf(stderr, "%s: dlq seq=%d id=%s worker=%s: %s\n", r.Result, r.Sequence, id, worker, escapeControl(r.Error))
+		}
+		if r.AuditError != "" {
+			fmt.Fprintf(stderr, "warning: dlq seq=%d: %s\n", r.Sequence, escapeControl(r.AuditError))
+		}
+	}
+	fmt.Fprintf(stderr, "%d dead letters %s, %d refused, %d held, %d gone\n", rep.Done, pastTense(rep.Action), rep.Refused, rep.Held, rep.Gone)
+	return nil
+}
+
+func pastTense(action string) string {
+	switch action {
+	case ops.ActionRetry:
+		return "retried"
+	case ops.ActionRemove:
+		return "removed"
+	}
+	return "purged"
+}
+
+func newDLQRmCmd(g *globals, out *outputFlags) *cobra.Command {
+	var a actFlags
+	cmd := &cobra.Command{
+		Use:   "rm [<seq>...]",
+		Short: "Remove dead letters without republishing their events",
+		Long: `Delete dead letters from STEWARD_DLQ: the sequences given, or exactly the
+letters a filter matches when the command reads them (a letter stored later is
+never hit: a stream never reuses a sequence). Their events are not republished;
+use it for letters you have dealt with another way (a corrected event
+published, a forged letter). Try the filter with steward dlq ls, or --dry-run,
+first.`,
+		Example: `  steward dlq rm 12 13
+  steward dlq rm --worker credential-h1 --reason "unknown field" --dry-run`,
+	}
+	a.register(cmd.Flags())
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		asJSON, err := out.asJSON()
+		if err != nil {
+			return err
+		}
+		f, err := a.selection(cmd, args, false, "rm")
+		if err != nil {
+			return err
+		}
+		ctx := cmd.Context()
+		nc, js, err := g.connect(ctx, "steward dlq", false)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		list, err := ops.ListLetters(ctx, js, f)
+		if err != nil {
+			return withServerHint(g, err)
+		}
+		if err := missingSeqs(f, list); err != nil {
+			return err
+		}
+		if a.dryRun {
+			return dryRun(cmd, asJSON, "rm", list.Letters)
+		}
+		rep, runErr := ops.RemoveLetters(ctx, js, list.Letters, a.options(g))
+		if err := report(cmd, asJSON, rep); err != nil {
+			return err
+		}
+		if rep != nil {
+			runErr = errors.Join(runErr, rep.Err())
+		}
+		return runErr
+	}
+	return cmd
+}
+
+func newDLQPurgeCmd(g *globals, out *outputFlags) *cobra.Command {
+	var (
+		yes           bool
+		noAuditEvents bool
+	)
+	cmd := &cobra.Command{
+		Use:   "purge --yes",
+		Short: "Remove every dead letter without republishing any",
+		Long: `Delete every dead letter STEWARD_DLQ holds when the command reads it; a letter
+a worker writes meanwhile is kept. No event is republished. Each letter gets
+its audit line and audit event, as with rm.`,
+		Example: "  steward dlq purge --yes",
+		Args:    cobra.NoArgs,
+	}
+	cmd.Flags().BoolVar(&yes, "yes", false, "really remove every dead letter")
+	cmd.Flags().BoolVar(&noAuditEvents, "no-audit-events", false, "log the audit lines but store no audit events on steward.outcomes.dlq.>")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		asJSON, err := out.asJSON()
+		if err != nil {
+			return err
+		}
+		ctx := cmd.Context()
+		nc, js, err := g.connect(ctx, "steward dlq", false)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		if !yes {
+			list, err := ops.ListLetters(ctx, js, ops.LetterFilter{})
+			if err != nil {
+				return withServerHint(g, err)
+			}
+			return fmt.Errorf("purge removes all %d dead letters in %s without republishing any: look at them with steward dlq ls, then run steward dlq purge --yes", len(list.Letters), events.StreamDLQ)
+		}
+		rep, err := ops.PurgeLetters(ctx, js, ops.ActOptions{Log: g.log.With().Str("component", "dlq").Logger(), Actor: "steward dlq", NoAuditEvents: noAuditEvents})
+		if err != nil {
+			return withServerHint(g, err)
+		}
+		return report(cmd, asJSON, rep)
+	}
+	return cmd
 }

@@ -211,12 +211,12 @@ func stringOf(v any) string {
 
 // TestBrowserPublishRotation publishes a credential rotation through the
 // form: the page seals the secret with age to the hive's recipient, the
-// server (with UnsignedTestSigner in place of a controller key) publishes
+// server (with the rig's controller key as its Signer) publishes
 // it, the real credential worker applies it, and the key page follows the
 // event to its credential.applied outcome. Every request the page sent is
 // captured through DevTools, and none holds the plaintext.
 func TestBrowserPublishRotation(t *testing.T) {
-	signer := &UnsignedTestSigner{}
+	signer := &TestSigner{}
 	r := newRig(t, signer)
 	ctx := browser(t)
 	requests := capture(t, ctx)
@@ -306,7 +306,6 @@ func TestBrowserPublishRotation(t *testing.T) {
 // confirmation says how many, and the key page shows the event applied.
 func TestBrowserRedriveDeadLetter(t *testing.T) {
 	r := newRig(t, nil)
-	steward(t) // built before the browser's clock starts
 	r.broken.Store(true)
 	r.rotation(5, "client-5", "redriven-secret")
 	workertest.WaitUntil(t, "the rotation is dead-lettered", func() bool {

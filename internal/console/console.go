@@ -4,11 +4,11 @@
 // event), served on the ingress's port under /, behind the ingress token.
 //
 // The console computes nothing of its own. Every page is what internal/ops
-// computes for `steward status` and `steward history`, and the dead-letter
-// pages and actions are the code `steward dlq` runs, handed in as a
-// DeadLetters; publishing goes through the publisher the ingress and
-// `steward publish` use. So the console and the command line never
-// disagree.
+// computes for `steward status`, `steward history` and `steward dlq`, and
+// every action (pause, resume, retry, remove) is the ops call those
+// commands make, with the same filter, safety rules and audit lines;
+// publishing goes through the publisher the ingress and `steward publish`
+// use. So the console and the command line never disagree.
 //
 // HTML comes from Go templates and the few scripts are plain JavaScript,
 // all embedded: building or running Steward needs no Node toolchain. Secrets
@@ -21,7 +21,6 @@ import (
 	"crypto/sha256"
 	"embed"
 	"errors"
-	"fmt"
 	"html/template"
 	"io/fs"
 	"net/http"
@@ -74,98 +73,6 @@ func mustSign(typ string) bool {
 	return false
 }
 
-// Letter is one dead letter as the console shows it.
-type Letter struct {
-	events.DeadLetter
-}
-
-// Filter selects dead letters. The zero value selects every one.
-type Filter struct {
-	// Worker is a worker name (credential) or a consumer (credential-h1).
-	Worker string
-	// Type is the original event's CloudEvents type.
-	Type string
-	// Reason keeps letters whose reason holds this text (any case).
-	Reason string
-	// Since and Until bound the original event's time attribute (when it
-	// was published); zero is unbounded.
-	Since, Until time.Time
-}
-
-// Empty says the filter selects every letter.
-func (f Filter) Empty() bool { return f == Filter{} }
-
-// Match says whether f selects d. Worker matches as `steward dlq --worker`
-// does; a letter whose event did not decode has no type and no time, so a
-// filter on either leaves it out.
-func (f Filter) Match(d events.DeadLetter) bool {
-	if f.Worker != "" && d.Worker != f.Worker && !strings.HasPrefix(d.Worker, f.Worker+"-") {
-		return false
-	}
-	if f.Reason != "" && !strings.Contains(strings.ToLower(d.Reason), strings.ToLower(f.Reason)) {
-		return false
-	}
-	if f.Type == "" && f.Since.IsZero() && f.Until.IsZero() {
-		return true
-	}
-	if d.Event == nil {
-		return false
-	}
-	if f.Type != "" && d.Event.Type() != f.Type {
-		return false
-	}
-	t := d.Event.Time()
-	if !f.Since.IsZero() && t.Before(f.Since) {
-		return false
-	}
-	if !f.Until.IsZero() && t.After(f.Until) {
-		return false
-	}
-	return true
-}
-
-// Retried is what a retry of one dead letter did.
-type Retried struct {
-	// EventID is the event republished, Subject where it went and Sequence
-	// its new STEWARD_EVENTS sequence.
-	EventID  string
-	Subject  string
-	Sequence uint64
-	// Already says an earlier retry had stored it; the letter is removed.
-	Already bool
-}
-
-// DeadLetters is the dead-letter code of `steward dlq`, handed to the
-// console by the command that serves it, so both act the same way on the
-// same letters.
-type DeadLetters interface {
-	// List returns the letters f selects, in DLQ order.
-	List(ctx context.Context, f Filter) ([]Letter, error)
-	// Get returns the letter at a STEWARD_DLQ sequence.
-	Get(ctx context.Context, seq uint64) (Letter, error)
-	// Retry republishes a letter's event to the subject it belongs on,
-	// then removes the letter.
-	Retry(ctx context.Context, l Letter) (Retried, error)
-	// Remove deletes a letter without republishing it.
-	Remove(ctx context.Context, seq uint64) error
-}
-
-// RemoveLetter deletes the dead letter at seq from STEWARD_DLQ: the one
-// removal the console (and a future `steward dlq rm`) performs.
-func RemoveLetter(ctx context.Context, js jetstream.JetStream, seq uint64) error {
-	s, err := js.Stream(ctx, events.StreamDLQ)
-	if err != nil {
-		return fmt.Errorf("stream %s: %w", events.StreamDLQ, err)
-	}
-	if err := s.DeleteMsg(ctx, seq); err != nil {
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return fmt.Errorf("no dead letter at %s sequence %d: it was retried or removed already; reload the dead-letter page", events.StreamDLQ, seq)
-		}
-		return fmt.Errorf("remove dead letter %d: %w; it is still in %s, try again", seq, err, events.StreamDLQ)
-	}
-	return nil
-}
-
 // Config configures a Console.
 type Config struct {
 	// Token is the ingress token; it is the console's login. Required.
@@ -176,15 +83,14 @@ type Config struct {
 	// Publisher publishes what the publish form sends (the ingress's and
 	// `steward publish`'s code). Required.
 	Publisher *publisher.Publisher
-	// DeadLetters is `steward dlq`'s code. Required.
-	DeadLetters DeadLetters
 	// Signer signs grant.changed and credential.rotated; nil means this
 	// console cannot publish them, and their forms say so.
 	Signer Signer
 	// SessionTTL is how long a login lasts (default DefaultSessionTTL).
 	SessionTTL time.Duration
-	// Log receives one line per refused login and per action (never a
-	// token, a cookie or event data); the zero value discards.
+	// Log receives one line per refused login and per action, and the
+	// audit line of every dead letter acted on (never a token, a cookie or
+	// event data); the zero value discards.
 	Log zerolog.Logger
 	// Now is the clock (default time.Now); tests set it.
 	Now func() time.Time
@@ -199,6 +105,7 @@ type Console struct {
 	static    http.Handler
 	mux       *http.ServeMux
 	cop       *http.CrossOriginProtection
+	logins    *loginLimiter
 }
 
 // New checks cfg and returns the console.
@@ -210,8 +117,6 @@ func New(cfg Config) (*Console, error) {
 		return nil, errors.New("the console has no NATS connection: it needs the operator's, to read status and history")
 	case cfg.Publisher == nil:
 		return nil, errors.New("the console has no publisher")
-	case cfg.DeadLetters == nil:
-		return nil, errors.New("the console has no dead-letter code: pass steward dlq's")
 	}
 	if cfg.SessionTTL <= 0 {
 		cfg.SessionTTL = DefaultSessionTTL
@@ -234,6 +139,7 @@ func New(cfg Config) (*Console, error) {
 		pages:     pages,
 		static:    http.StripPrefix("/static/", http.FileServerFS(sub)),
 		cop:       http.NewCrossOriginProtection(),
+		logins:    newLoginLimiter(cfg.Now),
 	}
 	c.routes()
 	return c, nil

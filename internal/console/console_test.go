@@ -1,16 +1,22 @@
 package console_test
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/console"
+	"github.com/steward-dev/steward/internal/ops"
+	"github.com/steward-dev/steward/workers/workertest"
 )
 
 // noRedirect is a client that shows redirects instead of following them.
@@ -190,7 +196,7 @@ func TestSignedTypesCannotBePublishedWithoutASigner(t *testing.T) {
 
 func TestElideData(t *testing.T) {
 	data := `{"hive":"h","secret":"hunter2-plaintext","given":[{"secret":"p4ss"}],"note":"-----BEGIN AGE ENCRYPTED FILE-----\nYWdl\n-----END AGE ENCRYPTED FILE-----","id":"AGE-SECRET-KEY-1QQQQ"}`
-	got := console.ElideData([]byte(data), false)
+	got := ops.ElideData([]byte(data), false)
 	for _, leak := range []string{"hunter2", "p4ss", "YWdl", "AGE-SECRET-KEY-1QQQQ"} {
 		if strings.Contains(got, leak) {
 			t.Errorf("ElideData left %q in:\n%s", leak, got)
@@ -199,7 +205,125 @@ func TestElideData(t *testing.T) {
 	if !strings.Contains(got, `"hive": "h"`) {
 		t.Errorf("ElideData lost what is not secret:\n%s", got)
 	}
-	if got := console.ElideData([]byte(`not json, AGE-SECRET-KEY-1ABC`), false); strings.Contains(got, "AGE-SECRET-KEY-1ABC") {
+	if got := ops.ElideData([]byte(`not json, AGE-SECRET-KEY-1ABC`), false); strings.Contains(got, "AGE-SECRET-KEY-1ABC") {
 		t.Errorf("ElideData of non-JSON: %s", got)
 	}
+}
+
+// TestConsoleLoginIsRateLimitedPerAddress: after LoginAttempts tries in a
+// minute the next is refused with 429 and Retry-After before the token is
+// looked at (the right token too), and a minute later it is let through.
+func TestConsoleLoginIsRateLimitedPerAddress(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Date(2026, 1, 2, 15, 4, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	r := newRigAt(t, nil, clock)
+	c := noRedirect(nil)
+	try := func(token string) *http.Response {
+		resp, err := c.PostForm(r.url+"/login", url.Values{"token": {token}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	for i := range console.LoginAttempts {
+		if resp := try("wrong"); resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("attempt %d: %s; want 401", i+1, resp.Status)
+		}
+	}
+	resp := try(testToken)
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "60" || len(resp.Cookies()) != 0 {
+		t.Fatalf("attempt %d with the right token: %s, Retry-After %q; want 429 and no session", console.LoginAttempts+1, resp.Status, resp.Header.Get("Retry-After"))
+	}
+	mu.Lock()
+	now = now.Add(console.LoginWindow + time.Second)
+	mu.Unlock()
+	if resp := try(testToken); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("a minute later: %s; want 303", resp.Status)
+	}
+}
+
+// TestConsoleDeadLetterFilterAndRemove: the dead-letter page filters
+// through ops (worker, key, reason) and a removal from it removes exactly
+// the letters chosen, leaving the audit events ops writes.
+func TestConsoleDeadLetterFilterAndRemove(t *testing.T) {
+	r := newRig(t, nil)
+	var seqs []uint64
+	for _, l := range []struct{ hive, reason string }{{"h1", "read-only folder"}, {"h2", "read-only folder"}, {"h1", "unknown field"}} {
+		seqs = append(seqs, forgeLetter(t, r, l.hive, l.reason))
+	}
+	c, csrf := login(t, r.url)
+	body := get(t, c, r.url+"/dlq?worker=credential-"+testHive+"&reason=READ-ONLY&key=h1")
+	if n := strings.Count(body, `<tr data-seq=`); n != 1 || !strings.Contains(body, fmt.Sprintf(`data-seq="%d"`, seqs[0])) {
+		t.Fatalf("the filtered page lists %d letters:\n%s", n, body)
+	}
+	if !strings.Contains(get(t, c, r.url+"/dlq?since=2000-01-01&until=2000-01-02"), `<span id="dlq-count">0</span>`) {
+		t.Fatal("a time range before every letter lists some")
+	}
+	form := url.Values{"csrf": {csrf}, "action": {"remove"}, "seq": {fmt.Sprint(seqs[0]), fmt.Sprint(seqs[2])}}
+	resp, err := c.PostForm(r.url+"/dlq/act", form)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(done), "Removed 2 of 2") {
+		t.Fatalf("remove: %s\n%s", resp.Status, done)
+	}
+	left, err := ops.ListLetters(context.Background(), r.js, ops.LetterFilter{})
+	if err != nil || len(left.Letters) != 1 || left.Letters[0].Sequence != seqs[1] {
+		t.Fatalf("left after the removal: %+v, %v", left, err)
+	}
+}
+
+// TestConsoleKeyPageShowsCheckpoints: after the real credential worker
+// applies a rotation, the key page shows the instance's checkpoint.
+func TestConsoleKeyPageShowsCheckpoints(t *testing.T) {
+	r := newRig(t, nil)
+	r.rotation(1, "client-1", "first")
+	workertest.WaitIdle(t, r.js, r.worker.ConsumerName())
+	c, _ := login(t, r.url)
+	body := get(t, c, r.url+"/key?worker=credential&key="+testHive)
+	if !strings.Contains(body, `id="checkpoints"`) || !strings.Contains(body, `<td class="applied">1</td>`) {
+		t.Fatalf("the key page shows no checkpoint:\n%s", body)
+	}
+}
+
+func get(t *testing.T, c *http.Client, u string) string {
+	t.Helper()
+	resp, err := c.Get(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s\n%s", u, resp.Status, b)
+	}
+	return string(b)
+}
+
+// forgeLetter writes a dead letter of the credential instance for hive,
+// as the runtime writes one.
+func forgeLetter(t *testing.T, r *rig, hive, reason string) uint64 {
+	t.Helper()
+	e, err := events.New(events.TypeCredentialRotated, hive, events.CredentialRotated{Hive: hive, Version: 1, ClientID: "c", Secret: "-----BEGIN AGE ENCRYPTED FILE-----\nx\n-----END AGE ENCRYPTED FILE-----\n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.SetID("rot-" + hive + "-" + strings.ReplaceAll(reason, " ", "-"))
+	e.SetSource("/test")
+	e.SetTime(time.Now().UTC())
+	orig, err := events.Encode("steward.events.credential.rotated."+hive, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, _ := events.NewDeadLetter(events.LetterSource{Consumer: "credential-" + testHive, DLQSubject: events.DLQSubject("credential", testHive),
+		Stream: events.StreamEvents, Sequence: 1, Subject: orig.Subject, Delivered: 1, Reason: reason, Header: orig.Header, Data: orig.Data})
+	ack, err := r.js.PublishMsg(context.Background(), msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack.Sequence
 }

@@ -3,6 +3,7 @@ package console
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"html/template"
 	"net/http"
@@ -27,10 +28,6 @@ func parseTemplates() (map[string]*template.Template, error) {
 		"ago":    ago,
 		"keyURL": keyURL,
 		"dlqURL": func(worker string) string { return "/dlq?worker=" + url.QueryEscape(worker) },
-		"workerOf": func(dlqSubject string) string {
-			w, _ := splitDLQSubject(dlqSubject)
-			return w
-		},
 		"short": func(s string, n int) string {
 			if len([]rune(s)) <= n {
 				return s
@@ -84,16 +81,6 @@ func ago(t *time.Time) string {
 // shows a key links to it.
 func keyURL(worker, key string) string {
 	return "/key?" + url.Values{"worker": {worker}, "key": {key}}.Encode()
-}
-
-// splitDLQSubject reads steward.dlq.<worker>.<instance>.
-func splitDLQSubject(s string) (worker, instance string) {
-	rest, ok := strings.CutPrefix(s, events.DLQPrefix+".")
-	if !ok {
-		return "", ""
-	}
-	worker, instance, _ = strings.Cut(rest, ".")
-	return worker, instance
 }
 
 func (c *Console) routes() {
@@ -228,7 +215,10 @@ type keyData struct {
 	Worker, Key, Instance string
 	Follow                string
 	History               *ops.History
-	Error                 string
+	// Checkpoints are the key's checkpoints per instance: what each
+	// applied last and the stage its handler saved.
+	Checkpoints []ops.Checkpoint
+	Error       string
 	// Settled is the outcome or dead letter of the followed event, if any.
 	Settled *ops.Entry
 }
@@ -242,6 +232,9 @@ func (c *Console) keyData(r *http.Request) keyData {
 		return d
 	}
 	d.History = h
+	if d.Checkpoints, err = ops.GetCheckpoints(r.Context(), c.cfg.JS, d.Worker, d.Key, d.Instance); err != nil {
+		d.Error = err.Error()
+	}
 	if d.Follow != "" {
 		// The settlement that counts is the one after the event's last
 		// delivery to the stream: a redriven event was dead-lettered once,
@@ -266,18 +259,22 @@ func (c *Console) keyLive(w http.ResponseWriter, r *http.Request, se *session) {
 	c.renderFragment(w, "key", "live", se, c.keyData(r))
 }
 
-// dlqData is the dead letters a filter selects, read by steward dlq's code.
+// dlqData is the dead letters a filter selects, read by ops.ListLetters
+// as `steward dlq ls` reads them.
 type dlqData struct {
-	Filter  Filter
+	Filter  ops.LetterFilter
 	Since   string
 	Until   string
-	Letters []Letter
+	Letters []ops.Letter
 	Types   []string
 	Error   string
 }
 
-func parseFilter(q url.Values) (Filter, error) {
-	f := Filter{Worker: strings.TrimSpace(q.Get("worker")), Type: q.Get("type"), Reason: strings.TrimSpace(q.Get("reason"))}
+// parseFilter reads the dead-letter page's filter into the ops filter
+// `steward dlq` uses. Times are when the letter was stored, in UTC unless
+// they say otherwise.
+func parseFilter(q url.Values) (ops.LetterFilter, error) {
+	f := ops.LetterFilter{Worker: strings.TrimSpace(q.Get("worker")), Type: q.Get("type"), Key: strings.TrimSpace(q.Get("key")), Reason: strings.TrimSpace(q.Get("reason"))}
 	for _, p := range []struct {
 		name string
 		into *time.Time
@@ -314,21 +311,12 @@ func (c *Console) dlqPage(w http.ResponseWriter, r *http.Request, se *session) {
 	d.Filter = f
 	if err != nil {
 		d.Error = err.Error()
-	} else if d.Letters, err = c.cfg.DeadLetters.List(r.Context(), f); err != nil {
+	} else if list, err := ops.ListLetters(r.Context(), c.cfg.JS, f); err != nil {
 		d.Error = err.Error()
+	} else {
+		d.Letters = list.Letters
 	}
 	c.render(w, r, http.StatusOK, "dlq", se, d)
-}
-
-// shownHeader is one header of a dead letter, its value elided.
-type shownHeader struct{ Name, Value string }
-
-type letterData struct {
-	Letter  Letter
-	Worker  string
-	Key     string
-	Headers []shownHeader
-	Data    string
 }
 
 func (c *Console) letterPage(w http.ResponseWriter, r *http.Request, se *session) {
@@ -337,23 +325,12 @@ func (c *Console) letterPage(w http.ResponseWriter, r *http.Request, se *session
 		c.fail(w, r, http.StatusBadRequest, fmt.Sprintf("%q is not a %s sequence: pick a letter from the dead-letter page", r.PathValue("seq"), events.StreamDLQ))
 		return
 	}
-	l, err := c.cfg.DeadLetters.Get(r.Context(), seq)
+	l, err := ops.GetLetter(r.Context(), c.cfg.JS, seq)
 	if err != nil {
 		c.fail(w, r, http.StatusNotFound, err.Error())
 		return
 	}
-	d := letterData{Letter: l, Data: ElideData(l.Data, l.Truncated)}
-	d.Worker, _ = splitDLQSubject(l.DLQSubject)
-	if l.Event != nil {
-		d.Key = l.Event.Subject()
-	}
-	for k, vs := range l.Headers {
-		for _, v := range vs {
-			d.Headers = append(d.Headers, shownHeader{Name: k, Value: ops.Elide(v)})
-		}
-	}
-	slices.SortFunc(d.Headers, func(a, b shownHeader) int { return strings.Compare(a.Name, b.Name) })
-	c.render(w, r, http.StatusOK, "letter", se, d)
+	c.render(w, r, http.StatusOK, "letter", se, ops.Detail(l))
 }
 
 // selected reads the sequences a dead-letter form chose.
@@ -379,33 +356,56 @@ func selected(r *http.Request) ([]uint64, error) {
 
 type confirmData struct {
 	Action  string
-	Letters []Letter
+	Letters []ops.Letter
 	Missing []uint64
 	Back    string
 }
 
+// selectedLetters reads the letters at seqs as they are now, and the
+// sequences that hold none any more.
+func (c *Console) selectedLetters(r *http.Request, seqs []uint64) ([]ops.Letter, []uint64, error) {
+	list, err := ops.ListLetters(r.Context(), c.cfg.JS, ops.LetterFilter{Seqs: seqs})
+	if err != nil {
+		return nil, nil, err
+	}
+	var missing []uint64
+	for _, seq := range seqs {
+		if !slices.ContainsFunc(list.Letters, func(l ops.Letter) bool { return l.Sequence == seq }) {
+			missing = append(missing, seq)
+		}
+	}
+	return list.Letters, missing, nil
+}
+
+func dlqAction(r *http.Request) (string, error) {
+	switch a := r.PostFormValue("action"); a {
+	case ops.ActionRetry, ops.ActionRemove:
+		return a, nil
+	}
+	return "", errors.New("choose retry or remove")
+}
+
 // dlqConfirm asks before acting, saying how many letters the action
 // touches and which, as they are now (a letter retried meanwhile is named
-// as gone, not silently dropped).
+// as gone, not silently dropped), in the order the action takes them.
 func (c *Console) dlqConfirm(w http.ResponseWriter, r *http.Request, se *session) {
 	seqs, err := selected(r)
 	if err != nil {
 		c.fail(w, r, http.StatusBadRequest, err.Error())
 		return
 	}
-	action := r.PostFormValue("action")
-	if action != "retry" && action != "remove" {
-		c.fail(w, r, http.StatusBadRequest, "choose retry or remove")
+	action, err := dlqAction(r)
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, err.Error())
 		return
 	}
 	d := confirmData{Action: action, Back: safeNext(r.PostFormValue("back"))}
-	for _, seq := range seqs {
-		l, err := c.cfg.DeadLetters.Get(r.Context(), seq)
-		if err != nil {
-			d.Missing = append(d.Missing, seq)
-			continue
-		}
-		d.Letters = append(d.Letters, l)
+	if d.Letters, d.Missing, err = c.selectedLetters(r, seqs); err != nil {
+		c.fail(w, r, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	if action == ops.ActionRetry {
+		d.Letters = ops.RetryOrder(d.Letters)
 	}
 	c.render(w, r, http.StatusOK, "confirm", se, d)
 }
@@ -431,88 +431,60 @@ type doneData struct {
 	Selected int
 }
 
+// dlqAct retries or removes the selected letters through ops, as
+// `steward dlq retry` and `steward dlq rm` do (the same order, rate,
+// refusals and audit lines and events).
 func (c *Console) dlqAct(w http.ResponseWriter, r *http.Request, se *session) {
 	seqs, err := selected(r)
 	if err != nil {
 		c.fail(w, r, http.StatusBadRequest, err.Error())
 		return
 	}
-	action := r.PostFormValue("action")
-	if action != "retry" && action != "remove" {
-		c.fail(w, r, http.StatusBadRequest, "choose retry or remove")
+	action, err := dlqAction(r)
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, err.Error())
 		return
 	}
-	d := doneData{Action: action, Back: safeNext(r.PostFormValue("back")), Retried: action == "retry", Selected: len(seqs)}
-	for _, seq := range seqs {
-		res := outcomeOf{Seq: seq}
-		l, err := c.cfg.DeadLetters.Get(r.Context(), seq)
-		if err == nil {
-			res.Worker, _ = splitDLQSubject(l.DLQSubject)
-			if l.Event != nil {
-				res.Key = l.Event.Subject()
+	letters, missing, err := c.selectedLetters(r, seqs)
+	if err != nil {
+		c.fail(w, r, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	o := ops.ActOptions{Log: c.cfg.Log, Actor: "console", Now: c.cfg.Now}
+	var rep *ops.Report
+	if action == ops.ActionRetry {
+		rep, err = ops.RetryLetters(r.Context(), c.cfg.JS, letters, ops.RetryOptions{ActOptions: o, Rate: ops.DefaultRetryRate})
+	} else {
+		rep, err = ops.RemoveLetters(r.Context(), c.cfg.JS, letters, o)
+	}
+	if rep == nil {
+		c.fail(w, r, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	d := doneData{Action: action, Back: safeNext(r.PostFormValue("back")), Retried: action == ops.ActionRetry, Selected: len(seqs)}
+	for _, seq := range missing {
+		d.Results = append(d.Results, outcomeOf{Seq: seq, Message: fmt.Sprintf("gone: %s sequence %d holds nothing any more (retried or removed already)", events.StreamDLQ, seq)})
+		d.Refused++
+	}
+	for _, res := range rep.Results {
+		o := outcomeOf{Seq: res.Sequence, Worker: res.Worker, Key: res.Key, OK: res.OK(), EventID: res.EventID, Sequence: res.NewSequence}
+		switch {
+		case res.Result == ops.ResultRetried:
+			o.Message = fmt.Sprintf("republished to %s at %s sequence %d", res.Subject, events.StreamEvents, res.NewSequence)
+			if res.Already {
+				o.Message += " (an earlier retry had stored it; the letter is removed now)"
 			}
-			if action == "retry" {
-				var rt Retried
-				rt, err = c.cfg.DeadLetters.Retry(r.Context(), l)
-				res.EventID, res.Sequence = rt.EventID, rt.Sequence
-				if err == nil {
-					res.Message = fmt.Sprintf("republished to %s at %s sequence %d", rt.Subject, events.StreamEvents, rt.Sequence)
-					if rt.Already {
-						res.Message += " (an earlier retry had stored it; the letter is removed now)"
-					}
-				}
-			} else if err = c.cfg.DeadLetters.Remove(r.Context(), seq); err == nil {
-				res.Message = "removed from " + events.StreamDLQ
-			}
-		}
-		if err != nil {
+		case res.OK():
+			o.Message = "removed from " + events.StreamDLQ
+		default:
+			o.Message = res.Result + ": " + res.Error
 			d.Refused++
-			res.Message = ops.Elide(err.Error())
-		} else {
-			res.OK = true
 		}
-		c.cfg.Log.Info().Uint64("dlq_seq", seq).Str("action", action).Bool("ok", res.OK).Msg("console: dead letter " + action)
-		d.Results = append(d.Results, res)
+		d.Results = append(d.Results, o)
 	}
-	d.Done = len(d.Results) - d.Refused
+	if err != nil {
+		d.Results = append(d.Results, outcomeOf{Message: ops.Elide(err.Error())})
+	}
+	d.Done = rep.Done
 	c.render(w, r, http.StatusOK, "done", se, d)
-}
-
-// secretFields are data fields whose value a page never shows, whatever it
-// holds: a letter may be dead because a plaintext was pasted where the
-// ciphertext belongs.
-var secretFields = []string{"secret", "password", "token", "privatekey", "identity"}
-
-// ElideData is a dead letter's data as the console shows it: pretty JSON
-// with every secret-named field's value replaced by "[elided]", then any
-// armored block or age identity elided (ops.Elide) wherever it is. Data
-// that is not JSON is shown quoted, elided the same way.
-func ElideData(data []byte, truncated bool) string {
-	var v any
-	if !truncated && json.Unmarshal(data, &v) == nil {
-		v = elideValue(v)
-		out, err := json.MarshalIndent(v, "", "  ")
-		if err == nil {
-			return ops.Elide(string(out))
-		}
-	}
-	return ops.Elide(strconv.Quote(string(data)))
-}
-
-func elideValue(v any) any {
-	switch x := v.(type) {
-	case map[string]any:
-		for k, val := range x {
-			if slices.ContainsFunc(secretFields, func(s string) bool { return strings.Contains(strings.ToLower(k), s) }) {
-				x[k] = "[elided]"
-				continue
-			}
-			x[k] = elideValue(val)
-		}
-	case []any:
-		for i := range x {
-			x[i] = elideValue(x[i])
-		}
-	}
-	return v
 }

@@ -8,20 +8,10 @@ import (
 	"net/url"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/ops"
 	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/schema"
 )
-
-// workerOf is the worker that consumes each event type, so a publish can
-// be followed to its outcome on that worker's key page. It mirrors the
-// table internal/ops reads histories with (workerTypes).
-var workerOf = map[string]string{
-	events.TypeReleasePublished:   "converge",
-	events.TypeInvitationWritten:  "join",
-	events.TypeHostFloorPublished: "join",
-	events.TypeCredentialRotated:  "credential",
-	events.TypeGrantChanged:       "provision",
-}
 
 // publishForm is one event type's form: the page builds its fields from
 // Schema, the JSON Schema the ingress validates the data with.
@@ -140,7 +130,9 @@ func (c *Console) apiPublish(w http.ResponseWriter, r *http.Request, _ *session)
 	}
 	c.cfg.Log.Info().Str("type", req.Type).Str("key", key).Str("id", ack.ID).Uint64("seq", ack.Sequence).Msg("console: published")
 	resp := PublishResponse{Ack: ack}
-	if worker, ok := workerOf[req.Type]; ok {
+	// The worker that consumes the type, from ops's one table, so a
+	// publish is followed to its outcome on that worker's key page.
+	if worker := ops.WorkerOf(req.Type); worker != "" {
 		resp.Follow = keyURL(worker, key) + "&event=" + url.QueryEscape(ack.ID)
 	}
 	writeJSON(w, http.StatusAccepted, resp)

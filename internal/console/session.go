@@ -5,8 +5,10 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -150,6 +152,21 @@ func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
 	next := safeNext(r.PostFormValue("next"))
+	// Limited before the token is looked at, so a refused attempt says
+	// nothing about the token.
+	if ok, after := c.logins.allow(clientAddress(r)); !ok {
+		secs := int(after.Round(time.Second) / time.Second)
+		if secs < 1 {
+			secs = 1
+		}
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		c.cfg.Log.Warn().Str("remote", r.RemoteAddr).Msg("console login refused: too many attempts from this address")
+		c.render(w, r, http.StatusTooManyRequests, "login", nil, map[string]any{
+			"Next":  next,
+			"Error": fmt.Sprintf("Too many login attempts from this address (%d a minute at most). Wait %d seconds, then log in with the ingress token.", LoginAttempts, secs),
+		})
+		return
+	}
 	if !c.tokenMatches(r.PostFormValue("token")) {
 		c.cfg.Log.Warn().Str("remote", r.RemoteAddr).Msg("console login refused: not the ingress token")
 		c.render(w, r, http.StatusUnauthorized, "login", nil, map[string]any{

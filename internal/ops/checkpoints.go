@@ -1,0 +1,142 @@
+package ops
+
+import (
+	"cmp"
+	"context"
+	"encoding/base32"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/workers"
+)
+
+// Checkpoint is what a worker instance's runtime keeps for one key in
+// STEWARD_CHECKPOINTS (docs/design.md §3): the last stream sequence it
+// settled, that event's id, and the stage a handler saved for the event
+// it is working on, secrets elided.
+type Checkpoint struct {
+	Instance string `json:"instance"`
+	Type     string `json:"type"`
+	Key      string `json:"key"`
+	// BucketKey is the checkpoint's key in the bucket
+	// (cp.<worker>.<instance>.<kind>.<key>).
+	BucketKey string `json:"bucketKey"`
+	// Applied is the STEWARD_EVENTS sequence last settled (applied,
+	// refused, superseded or dead-lettered); EventID is that event's.
+	Applied uint64 `json:"applied"`
+	EventID string `json:"eventId,omitempty"`
+	// StageSeq is the sequence of the event the saved Stage belongs to;
+	// a redelivery of that event resumes from it.
+	StageSeq uint64 `json:"stageSeq,omitempty"`
+	// Stage is the saved stage as pretty JSON, secret-named fields and
+	// armored blocks elided (ElideData); "" when none is saved.
+	Stage string `json:"stage,omitempty"`
+	// Revision and Updated are the bucket entry's.
+	Revision uint64    `json:"revision"`
+	Updated  time.Time `json:"updated"`
+	// Error says the entry is not a checkpoint the runtime can read.
+	Error string `json:"error,omitempty"`
+}
+
+// storedCheckpoint is the runtime's stored format (workers/checkpoint.go).
+type storedCheckpoint struct {
+	Applied  uint64          `json:"applied"`
+	EventID  string          `json:"eventId"`
+	StageSeq uint64          `json:"stageSeq"`
+	Stage    json.RawMessage `json:"stage"`
+}
+
+// GetCheckpoints reads the checkpoints of one key of a worker, one per
+// instance and kind of event the worker consumes (only instance's when
+// instance is set), from one watch of the bucket. A bucket that does not
+// exist yet holds none.
+func GetCheckpoints(ctx context.Context, js jetstream.JetStream, worker, key, instance string) ([]Checkpoint, error) {
+	if err := events.CheckKey(worker); err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	if key == "" {
+		return nil, errors.New("no key given: name the key whose checkpoints to read")
+	}
+	inst := "*"
+	if instance != "" {
+		if err := events.CheckKey(instance); err != nil {
+			return nil, fmt.Errorf("instance: %w", err)
+		}
+		inst = instance
+	}
+	kv, err := js.KeyValue(ctx, workers.CheckpointBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return []Checkpoint{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open bucket %s on %s: %w", workers.CheckpointBucket, ServerURL(js), err)
+	}
+	types := map[string]string{} // lane -> type
+	var filters []string
+	for _, t := range WorkerTypes(worker) {
+		lane := CheckpointLane(t, key)
+		types[lane] = t
+		filters = append(filters, "cp."+worker+"."+inst+"."+lane)
+	}
+	w, err := kv.WatchFiltered(ctx, filters, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("read the checkpoints of %s in %s: %w", key, workers.CheckpointBucket, err)
+	}
+	defer func() { _ = w.Stop() }()
+	out := []Checkpoint{}
+	for {
+		var e jetstream.KeyValueEntry
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("read the checkpoints of %s in %s: %w", key, workers.CheckpointBucket, ctx.Err())
+		case e = <-w.Updates():
+		}
+		if e == nil {
+			break // every stored entry has been sent
+		}
+		parts := strings.SplitN(e.Key(), ".", 4) // cp, worker, instance, lane
+		if len(parts) != 4 {
+			continue
+		}
+		cp := Checkpoint{Instance: parts[2], Type: types[parts[3]], Key: key, BucketKey: e.Key(), Revision: e.Revision(), Updated: e.Created().UTC()}
+		var s storedCheckpoint
+		if err := json.Unmarshal(e.Value(), &s); err != nil {
+			cp.Error = fmt.Sprintf("not a checkpoint the runtime can read (%v): the runtime fails on this key until the entry is fixed or deleted (nats kv del %s %s)", err, workers.CheckpointBucket, e.Key())
+		} else {
+			cp.Applied, cp.EventID, cp.StageSeq = s.Applied, Printable(s.EventID), s.StageSeq
+			if len(s.Stage) > 0 && string(s.Stage) != "null" {
+				cp.Stage = ElideData(s.Stage, false)
+			}
+		}
+		out = append(out, cp)
+	}
+	slices.SortFunc(out, func(a, b Checkpoint) int {
+		return cmp.Or(strings.Compare(a.Instance, b.Instance), strings.Compare(a.Type, b.Type))
+	})
+	return out, nil
+}
+
+// CheckpointLane is the part of a checkpoint's bucket key that names the
+// event's kind and key: the type without dev.steward. and .v1, dots as
+// dashes, then the key; a part that is not a subject token is
+// base32-encoded behind '_'. It is the runtime's laneOf
+// (workers/checkpoint.go), which is not exported;
+// TestCheckpointsOfAKeyAsTheRuntimeWroteThem holds the two together.
+func CheckpointLane(typ, key string) string {
+	kind := strings.ReplaceAll(strings.TrimSuffix(strings.TrimPrefix(typ, "dev.steward."), ".v1"), ".", "-")
+	return kvToken(kind) + "." + kvToken(key)
+}
+
+func kvToken(s string) string {
+	if events.CheckKey(s) == nil {
+		return s
+	}
+	return "_" + strings.ToLower(base32.HexEncoding.WithPadding(base32.NoPadding).EncodeToString([]byte(s)))
+}
