@@ -103,3 +103,32 @@ func TestErrorsNeverQuoteSecrets(t *testing.T) {
 		})
 	}
 }
+
+// TestSignedTypesTakeAnOptionalEnvelopeOfTheirOwnKind: credential.rotated
+// and grant.changed validate with or without the controller's envelope
+// (the workers, not the schema, refuse an unsigned one, so the runtime's
+// own tests may use them as plain events), and an envelope must be of its
+// type's payload kind and DSSE's shape.
+func TestSignedTypesTakeAnOptionalEnvelopeOfTheirOwnKind(t *testing.T) {
+	env := func(pt string) string {
+		return `"envelope":{"payload":"e30=","payloadType":"` + pt + `","signatures":[{"keyid":"k","sig":"AA=="}]}`
+	}
+	rot := `{"hive":"hive-1","version":3,"clientId":"client","secret":"-----BEGIN AGE ENCRYPTED FILE-----\nx\n-----END AGE ENCRYPTED FILE-----\n",`
+	grant := `{"machine":"db-1","requirement":"postgres","generation":2,"given":[],`
+	for name, c := range map[string]struct {
+		typ, data string
+		ok        bool
+	}{
+		"signed rotation":          {"dev.steward.credential.rotated.v1", rot + env("application/vnd.steward.rotation.v1+json") + `}`, true},
+		"signed grant":             {"dev.steward.grant.changed.v1", grant + env("application/vnd.steward.grant.v1+json") + `}`, true},
+		"rotation with a grant's":  {"dev.steward.credential.rotated.v1", rot + env("application/vnd.steward.grant.v1+json") + `}`, false},
+		"grant with an invitation": {"dev.steward.grant.changed.v1", grant + env("application/vnd.steward.invitation.v1+json") + `}`, false},
+		"no signatures":            {"dev.steward.grant.changed.v1", grant + `"envelope":{"payload":"e30=","payloadType":"application/vnd.steward.grant.v1+json","signatures":[]}}`, false},
+		"extra envelope field":     {"dev.steward.credential.rotated.v1", rot + `"envelope":{"payload":"e30=","payloadType":"application/vnd.steward.rotation.v1+json","signatures":[{"sig":"AA=="}],"x":1}}`, false},
+	} {
+		err := Validate(c.typ, []byte(c.data))
+		if (err == nil) != c.ok {
+			t.Errorf("%s: %v, want ok=%t", name, err, c.ok)
+		}
+	}
+}
