@@ -21,7 +21,7 @@ type verdict struct {
 	behind uint64
 }
 
-// logFor is the logger of one delivery, with the fields DESIGN §4 names.
+// logFor is the logger of one delivery, with the fields docs/design.md §4 names.
 func (w *Worker) logFor(h *held) zerolog.Logger {
 	return w.log.With().
 		Str("key", h.key).Str("event_id", h.event.ID()).Str("type", h.event.Type()).
@@ -89,6 +89,16 @@ func (w *Worker) apply(ctx context.Context, h *held, log zerolog.Logger) (string
 	if err != nil {
 		return "", 0, err
 	}
+	if h.handled != "" {
+		// The handler already ran in this process and only recording it
+		// failed (the bucket was unreachable, or a read of it lagged):
+		// record it again rather than run the handler a second time.
+		if err := w.markApplied(ctx, h, cp, rev); err != nil {
+			return "", 0, err
+		}
+		w.ack(h, h.handled, log)
+		return h.handled, 0, nil
+	}
 	if h.seq <= cp.Applied {
 		// A late redelivery of something older than what was applied:
 		// applying it would roll the key back.
@@ -130,6 +140,7 @@ func (w *Worker) apply(ctx context.Context, h *held, log zerolog.Logger) (string
 		return "", 0, err
 	}
 	if err := w.markApplied(ctx, h, d.cp, d.cpRev); err != nil {
+		h.handled = result
 		return "", 0, err
 	}
 	w.ack(h, result, log)

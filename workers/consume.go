@@ -166,6 +166,7 @@ func (w *Worker) accept(msg jetstream.Msg) {
 				h.attempts, h.panics, h.backoff, h.retryAt = prev.attempts, prev.panics, prev.backoff, prev.retryAt
 				h.firstFailure, h.lastError = prev.firstFailure, prev.lastError
 				h.rank, h.ranked, h.rankDone = prev.rank, prev.ranked, prev.rankDone
+				h.handled = prev.handled
 				l.queue[i] = h
 				w.held[h.seq] = h
 				return

@@ -259,7 +259,18 @@ func (w *Worker) runReader(ctx context.Context) error {
 	reconnects := nc.Stats().Reconnects
 	check := time.NewTicker(time.Second)
 	defer check.Stop()
+	// A new subscription's interest reaches the other servers of a
+	// cluster a moment later, and a notice published meanwhile is not
+	// heard: read now, and again shortly, so an event stored in that
+	// moment waits seconds, not a resync.
+	if err := nc.Flush(); err != nil {
+		w.log.Debug().Err(err).Msg("flush after subscribing")
+	}
 	r.signal()
+	for _, d := range []time.Duration{time.Second, 5 * time.Second} {
+		t := time.AfterFunc(d, r.signal)
+		defer t.Stop()
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -275,7 +286,10 @@ func (w *Worker) runReader(ctx context.Context) error {
 			if n == reconnects {
 				continue
 			}
+			// Read again now and once the subscriptions' interest has
+			// spread again, for the same reason as at start.
 			reconnects = n
+			time.AfterFunc(5*time.Second, r.signal)
 		case <-resync.C:
 			resync.Reset(w.o.resync)
 		}

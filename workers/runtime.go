@@ -95,6 +95,10 @@ type held struct {
 	retryAt      time.Time
 	firstFailure time.Time
 	lastError    string
+	// handled is the handler's result (applied or refused) once it has
+	// run and only the checkpoint write failed: a retry then records it
+	// without running the handler again.
+	handled string
 	// deadReason, when set, sends the event to the DLQ in its turn.
 	deadReason error
 	// deferredSince is when the event was first found waiting behind an
