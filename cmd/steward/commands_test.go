@@ -144,7 +144,7 @@ func TestPublishRefusesInvalid(t *testing.T) {
 	}{
 		{[]string{"--type", events.TypeReleasePublished, "--data", `{"version":"1.2"}`}, []string{"/version", "pattern"}},
 		{[]string{"--type", events.TypeReleasePublished, "--data", `{"version":"1.2.3","image":"x"}`}, []string{"image", "additional properties"}},
-		{[]string{"--type", events.TypeCredentialRotated, "--data", `{"hive":"a.b","version":1,"clientId":"c","secret":"x"}`}, []string{"a.b"}},
+		{[]string{"--type", events.TypeCredentialRotated, "--data", `{"hive":"a.b","version":1,"clientId":"c","secret":"x"}`}, []string{"/hive", "does not match pattern"}},
 		{[]string{"--type", "dev.steward.nope.v1", "--data", `{}`}, []string{"--type", "dev.steward.nope.v1"}},
 		{[]string{"--type", events.TypeGrantChanged, "--data", `{"generation":1}`}, []string{"--key", "machine"}},
 		{[]string{"--type", events.TypeReleasePublished, "--key", "9.9.9", "--data", `{"version":"1.2.3"}`}, []string{"subject", "9.9.9"}},
@@ -400,8 +400,9 @@ func TestDLQLsShowRetryAndStatus(t *testing.T) {
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`STEWARD_EVENTS\s+3\s+\d+\s+1\s+3\s+1`),
 		regexp.MustCompile(`STEWARD_DLQ\s+3\s`),
-		regexp.MustCompile(`test-one\s+STEWARD_EVENTS\s+0\s+0\s+0\s+3`),
-		regexp.MustCompile(`(?m)^test-one\s+3$`),
+		// The instance: dead letters are its state, 3 of them.
+		regexp.MustCompile(`INSTANCES 1: 1 dead-letters; DEAD LETTERS 3`),
+		regexp.MustCompile(`(?m)^test-one\s+dead-letters\s+yes.*\s3\s+-\s*$`),
 	} {
 		if !want.MatchString(r.stdout) {
 			t.Fatalf("status does not match %s:\n%s", want, r.stdout)
@@ -427,20 +428,26 @@ func TestDLQLsShowRetryAndStatus(t *testing.T) {
 		t.Fatalf("%d dead letters after retry --all", n)
 	}
 	r = ok(t, nil, "status", url)
-	if !regexp.MustCompile(`STEWARD_EVENTS\s+6\s`).MatchString(r.stdout) || !strings.Contains(r.stdout, "(none)") {
+	if !regexp.MustCompile(`STEWARD_EVENTS\s+6\s`).MatchString(r.stdout) || !strings.Contains(r.stdout, "DEAD LETTERS 0") {
 		t.Fatalf("status after retries:\n%s", r.stdout)
 	}
 }
 
-// credentialFixture prepares a credential worker's identity and folder the
-// way dev does and returns its flags.
+// credentialFixture prepares a credential worker's identity, folder and
+// controller key the way dev does and returns its flags.
 func credentialFixture(t *testing.T) (credential.Config, []string) {
 	t.Helper()
 	cfg, _, err := credential.Dev(context.Background(), t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return cfg, []string{"--hive", cfg.Hive, "--age-identity", cfg.AgeIdentity, "--credential-dir", cfg.CredentialDir}
+	return cfg, []string{"--hive", cfg.Hive, "--age-identity", cfg.AgeIdentity, "--credential-dir", cfg.CredentialDir, "--controller-key", cfg.ControllerKey}
+}
+
+// signingKeyOf is the private half of a fixture's controller key, which
+// `steward publish --signing-key` signs rotations with.
+func signingKeyOf(cfg credential.Config) string {
+	return strings.TrimSuffix(cfg.ControllerKey, ".pub") + ".key"
 }
 
 func recipientOf(t *testing.T, identity string) string {
@@ -470,7 +477,7 @@ func TestReplay(t *testing.T) {
 	}
 	ok(t, nil, "publish", url, "--type", events.TypeCredentialRotated,
 		"--data", `{"hive":"`+cfg.Hive+`","version":1,"clientId":"client-1"}`,
-		"--secret-file", secretFile, "--recipient", recipientOf(t, cfg.AgeIdentity))
+		"--secret-file", secretFile, "--recipient", recipientOf(t, cfg.AgeIdentity), "--signing-key", signingKeyOf(cfg))
 	// Another hive's event is not this worker's and is not replayed.
 	ok(t, nil, "publish", url, "--type", events.TypeReleasePublished, "--data", `{"version":"1.0.0"}`)
 
@@ -504,6 +511,7 @@ func TestWorkerProcess(t *testing.T) {
 	p := start(t, []string{
 		"STEWARD_NATS_URL=" + srv.URL(), "STEWARD_HTTP_ADDR=127.0.0.1:0",
 		"STEWARD_HIVE=" + cfg.Hive, "STEWARD_AGE_IDENTITY=" + cfg.AgeIdentity, "STEWARD_CREDENTIAL_DIR=" + cfg.CredentialDir,
+		"STEWARD_CONTROLLER_KEY=" + cfg.ControllerKey,
 	}, "worker", "credential")
 	// The bound address is in the JSON log line that announces it.
 	bound := regexp.MustCompile(`"addr":"(127\.0\.0\.1:\d+)".*"serving /metrics`)
@@ -529,7 +537,7 @@ func TestWorkerProcess(t *testing.T) {
 	}
 	ok(t, []string{"STEWARD_NATS_URL=" + srv.URL()}, "publish", "--type", events.TypeCredentialRotated,
 		"--data", `{"hive":"`+cfg.Hive+`","version":3,"clientId":"client-3"}`,
-		"--secret-file", secretFile, "--recipient", recipientOf(t, cfg.AgeIdentity))
+		"--secret-file", secretFile, "--recipient", recipientOf(t, cfg.AgeIdentity), "--signing-key", signingKeyOf(cfg))
 	secretPath := filepath.Join(cfg.CredentialDir, credential.SecretFile)
 	workertest.WaitUntil(t, "the worker writes the secret", func() bool {
 		got, err := os.ReadFile(secretPath)
