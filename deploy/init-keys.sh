@@ -9,6 +9,10 @@
 #                      cosign.key is in cosign's own encrypted format (sealed with
 #                      $COSIGN_PASSWORD, empty if unset), so `cosign sign-blob --key`
 #                      takes it as it is
+#   controller.key/.pub ed25519: the controller signs credential.rotated and
+#                      grant.changed (the ingress signs with controller.key for
+#                      its authenticated callers); the credential and provision
+#                      workers verify with controller.pub
 #   hive.key/.pub      age: the credential worker's hive identity and recipient
 #   machine.key/.pub   age: the provision worker's machine identity and recipient
 #   ingress-token      the bearer token of the HTTP ingress (steward serve)
@@ -19,8 +23,9 @@
 #   $NATS_SERVER_DIR   what the NATS server reads (operator.jwt, accounts/): no seed
 #
 # The private signing keys are here so a newcomer can sign events at once;
-# in production they stay with the console and the release pipeline, and
-# only the .pub files are given to the workers.
+# in production they stay with the console, the release pipeline and the
+# controller (or the ingress that signs for it), and only the .pub files are
+# given to the workers.
 set -eu
 dir=${KEYS_DIR:?KEYS_DIR names the folder to write the keys to}
 server_dir=${NATS_SERVER_DIR:?NATS_SERVER_DIR names the folder the NATS server reads its trust from}
@@ -37,6 +42,7 @@ key() {
 key ed25519 console
 key ed25519 release
 key ecdsa-p256 cosign
+key controller controller
 key age hive
 key age machine
 

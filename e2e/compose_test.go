@@ -569,7 +569,13 @@ func testCompose(t *testing.T, name string, files []string, replicas, natsNodes 
 
 	keys := r.mountPath("keys", "/keys")
 	signer := func(name string) crypto.Signer {
-		s, err := signing.LoadPrivateKey(filepath.Join(keys, name+".key"))
+		load := signing.LoadPrivateKey
+		if name == "cosign" {
+			// The keys service seals the release key in cosign's own
+			// format, with an empty password (COSIGN_PASSWORD unset).
+			load = func(path string) (crypto.Signer, error) { return converge.LoadReleaseSigner(path, nil) }
+		}
+		s, err := load(filepath.Join(keys, name+".key"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -631,7 +637,7 @@ func testCompose(t *testing.T, name string, files []string, replicas, natsNodes 
 	// provision: one consumer with a database, its password encrypted to
 	// the machine.
 	machine := r.declared("provision", "STEWARD_MACHINE")
-	granted := grant(t, recipientOf(t, filepath.Join(keys, "machine.pub")), machine, 1, "compose_app")
+	granted := grant(t, "", recipientOf(t, filepath.Join(keys, "machine.pub")), machine, 1, "compose_app")
 
 	type check struct {
 		worker, instance string

@@ -52,11 +52,14 @@ const (
 
 // floodKit holds what the flood's events are made from.
 type floodKit struct {
-	t                  testing.TB
-	hiveRecipient      string
-	wrongRecipient     string
-	console, release   crypto.Signer
-	forger             crypto.Signer
+	t                testing.TB
+	hiveRecipient    string
+	wrongRecipient   string
+	console, release crypto.Signer
+	forger           crypto.Signer
+	// controller signs the rotations, as the workers take them only
+	// signed (issue 12).
+	controller         crypto.Signer
 	evidence, issuedAt string
 	n                  int
 }
@@ -89,11 +92,18 @@ func (k *floodKit) raw(subject string, e event.Event) *nats.Msg {
 	return m
 }
 
+// rotationData is a rotation signed by the controller, so each case is
+// refused or applied for what it is about, never for its signature.
 func (k *floodKit) rotationData(version uint64, recipient string) events.CredentialRotated {
-	return events.CredentialRotated{
+	k.t.Helper()
+	d, err := signing.SignRotation(k.controller, events.CredentialRotated{
 		Hive: floodHive, Version: version, ClientID: fmt.Sprintf("client-%d", version),
 		Secret: encryptTo(k.t, recipient, fmt.Sprintf("secret-%d", version)),
+	})
+	if err != nil {
+		k.t.Fatal(err)
 	}
+	return d
 }
 
 func (k *floodKit) invitation(signer crypto.Signer, enrollment string) events.InvitationWritten {
@@ -215,7 +225,7 @@ func TestFaultMalformedFlood(t *testing.T) {
 	keys := t.TempDir()
 	hiveRec := recipientOf(t, makeKey(t, keys, "age", "hive"))
 	wrongRec := recipientOf(t, makeKey(t, keys, "age", "stranger"))
-	for _, name := range []string{"console", "release", "forger"} {
+	for _, name := range []string{"console", "release", "forger", "controller"} {
 		makeKey(t, keys, "ed25519", name)
 	}
 	signer := func(name string) crypto.Signer {
@@ -238,13 +248,14 @@ func TestFaultMalformedFlood(t *testing.T) {
 		t.Fatal(err)
 	}
 	kit := &floodKit{t: t, hiveRecipient: hiveRec, wrongRecipient: wrongRec,
-		console: signer("console"), release: signer("release"), forger: signer("forger"),
+		console: signer("console"), release: signer("release"), forger: signer("forger"), controller: signer("controller"),
 		evidence: evidence, issuedAt: time.Now().UTC().Truncate(time.Second).Format(time.RFC3339)}
 
 	credDir := t.TempDir()
 	credW := startWorker(t, "credential", map[string]string{
 		"STEWARD_NATS_URL":       n.url(),
 		"STEWARD_HIVE":           floodHive,
+		"STEWARD_CONTROLLER_KEY": filepath.Join(keys, "controller.pub"),
 		"STEWARD_AGE_IDENTITY":   filepath.Join(keys, "hive.key"),
 		"STEWARD_CREDENTIAL_DIR": credDir,
 	})

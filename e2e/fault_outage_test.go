@@ -32,17 +32,20 @@ func TestFaultPostgresDownForMinutes(t *testing.T) {
 	b.ensureStreams(t, 1)
 	keys := t.TempDir()
 	recipient := recipientOf(t, makeKey(t, keys, "age", "machine"))
+	controllerPub := makeKey(t, keys, "controller", "controller")
+	signingKey := keys + "/controller.key"
 	w := startWorker(t, "provision", map[string]string{
-		"STEWARD_NATS_URL":     n.url(),
-		"STEWARD_MACHINE":      machine,
-		"STEWARD_AGE_IDENTITY": keys + "/machine.key",
-		"STEWARD_DATABASE_URL": pg.url("postgres"),
+		"STEWARD_NATS_URL":       n.url(),
+		"STEWARD_MACHINE":        machine,
+		"STEWARD_CONTROLLER_KEY": controllerPub,
+		"STEWARD_AGE_IDENTITY":   keys + "/machine.key",
+		"STEWARD_DATABASE_URL":   pg.url("postgres"),
 		// An operator's cap on the wait between attempts; the delivery
 		// budget stays the default.
 		"STEWARD_MAX_BACKOFF": "10s",
 	})
 
-	g1 := grant(t, recipient, machine, 1, "orders")
+	g1 := grant(t, signingKey, recipient, machine, 1, "orders")
 	b.publish(t, g1)
 	if o := waitOutcome(t, b, "provision", machine, g1.ID(), time.Minute); o.Type() != "dev.steward.grant.applied.v1" {
 		t.Fatalf("generation 1: outcome %s (%s); want applied", o.Type(), o.Data())
@@ -59,7 +62,7 @@ func TestFaultPostgresDownForMinutes(t *testing.T) {
 	waitFor(t, fmt.Sprintf("PostgreSQL has been down for %v", outage), outage+time.Minute, func() (bool, string) {
 		down := time.Since(stopped)
 		for published < len(gens) && down >= time.Duration(published)*outage/3 {
-			g := grant(t, recipient, machine, gens[published], "orders", fmt.Sprintf("svc%d", gens[published]))
+			g := grant(t, signingKey, recipient, machine, gens[published], "orders", fmt.Sprintf("svc%d", gens[published]))
 			b.publish(t, g)
 			ids[gens[published]] = g.ID()
 			published++

@@ -11,16 +11,28 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/signing"
 )
 
 // grant is generation gen of machine's whole desired state: one consumer
-// per node, each with a database named like the node and its own password.
-func grant(t testing.TB, recipient, machine string, gen uint64, nodes ...string) event.Event {
+// per node, each with a database named like the node and its own password,
+// signed with the controller key at signingKey (as steward publish
+// --signing-key signs it); "" leaves it unsigned, for an ingress that signs.
+func grant(t testing.TB, signingKey, recipient, machine string, gen uint64, nodes ...string) event.Event {
 	t.Helper()
 	g := events.GrantChanged{Machine: machine, Requirement: "postgres", Generation: gen, Given: []events.Given{}}
 	for _, n := range nodes {
 		secret := encryptTo(t, recipient, fmt.Sprintf("pw-%s-%d", n, gen))
 		g.Given = append(g.Given, events.Given{From: "e2e", Node: n, Values: events.GivenValues{Name: n}, Secret: secret})
+	}
+	if signingKey != "" {
+		key, err := signing.LoadPrivateKey(signingKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g, err = signing.SignGrant(key, g); err != nil {
+			t.Fatal(err)
+		}
 	}
 	e, err := events.New(events.TypeGrantChanged, machine, g)
 	if err != nil {
@@ -48,15 +60,18 @@ func TestFaultPostgresRestart(t *testing.T) {
 	b.ensureStreams(t, 1)
 	keys := t.TempDir()
 	recipient := recipientOf(t, makeKey(t, keys, "age", "machine"))
+	controllerPub := makeKey(t, keys, "controller", "controller")
+	signingKey := keys + "/controller.key"
 	w := startWorker(t, "provision", map[string]string{
-		"STEWARD_NATS_URL":     n.url(),
-		"STEWARD_MACHINE":      machine,
-		"STEWARD_AGE_IDENTITY": keys + "/machine.key",
-		"STEWARD_DATABASE_URL": pg.url("postgres"),
-		"STEWARD_MAX_DELIVER":  "50",
+		"STEWARD_NATS_URL":       n.url(),
+		"STEWARD_MACHINE":        machine,
+		"STEWARD_CONTROLLER_KEY": controllerPub,
+		"STEWARD_AGE_IDENTITY":   keys + "/machine.key",
+		"STEWARD_DATABASE_URL":   pg.url("postgres"),
+		"STEWARD_MAX_DELIVER":    "50",
 	})
 
-	g1 := grant(t, recipient, machine, 1, "orders")
+	g1 := grant(t, signingKey, recipient, machine, 1, "orders")
 	b.publish(t, g1)
 	if o := waitOutcome(t, b, "provision", machine, g1.ID(), time.Minute); o.Type() != "dev.steward.grant.applied.v1" {
 		t.Fatalf("generation 1: outcome %s (%s); want applied", o.Type(), o.Data())
@@ -64,7 +79,7 @@ func TestFaultPostgresRestart(t *testing.T) {
 
 	pg.stop(t)
 	stopped := time.Now()
-	g2 := grant(t, recipient, machine, 2, "orders", "billing")
+	g2 := grant(t, signingKey, recipient, machine, 2, "orders", "billing")
 	b.publish(t, g2)
 	retriedWhileDown := 0.0
 	waitFor(t, "the worker retries the grant while PostgreSQL is down", time.Minute, func() (bool, string) {

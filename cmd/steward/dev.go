@@ -26,6 +26,7 @@ import (
 	"github.com/steward-dev/steward/internal/atomicfile"
 	"github.com/steward-dev/steward/internal/natsauth"
 	"github.com/steward-dev/steward/internal/pgserver"
+	"github.com/steward-dev/steward/internal/signing"
 	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/provision"
@@ -168,6 +169,17 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, o 
 	if err != nil {
 		return err
 	}
+	// dev's controller key signs what its ingress and console publish and
+	// what its printed lines publish; its credential and provision workers
+	// verify with the public half.
+	controllerKey, _, err := signing.DevControllerKey(dir)
+	if err != nil {
+		return err
+	}
+	signer, err := loadSigner(controllerKey)
+	if err != nil {
+		return err
+	}
 	// The ingress is a publisher.
 	pubNC, pubJS, err := g.as(publisherCreds).connect(ctx, "steward dev ingress", false)
 	if err != nil {
@@ -190,13 +202,13 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, o 
 		}
 		return nil
 	}
-	mux, err := ingressMux(g, pubJS, reg, token, publisher.DefaultMaxBody, ready)
+	mux, err := ingressMux(g, pubJS, reg, token, publisher.DefaultMaxBody, ready, signer)
 	if err != nil {
 		return err
 	}
 	// The console reads what operators read, so it uses the operator's
 	// connection; the ingress stays a publisher.
-	if err := mountConsole(mux, g, js, token, nil); err != nil {
+	if err := mountConsole(mux, g, js, token, consoleSigner(signer)); err != nil {
 		return err
 	}
 	bound, stopHTTP, err := serveHTTP(ctx, g.log, o.httpListen, mux)

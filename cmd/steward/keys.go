@@ -16,8 +16,12 @@ import (
 )
 
 // keyAge is the age identity kind of `steward keys`; the two signing kinds
-// are signing's.
-const keyAge = "age"
+// are signing's. keyController is an ed25519 pair named for its role: the
+// controller's key, which signs credential.rotated and grant.changed.
+const (
+	keyAge        = "age"
+	keyController = "controller"
+)
 
 // defaultKeyNames are the file names (before .key and .pub) of each kind.
 // The P-256 pair is named as `cosign generate-key-pair` names its own.
@@ -25,6 +29,7 @@ var defaultKeyNames = map[string]string{
 	string(signing.Ed25519): "ed25519",
 	string(signing.P256):    "cosign",
 	keyAge:                  "age",
+	keyController:           "controller",
 }
 
 func newKeysCmd(g *globals) *cobra.Command {
@@ -32,13 +37,19 @@ func newKeysCmd(g *globals) *cobra.Command {
 	var kindList []string
 	cmd := &cobra.Command{
 		Use:   "keys",
-		Short: "Generate development keys: ed25519, ECDSA P-256 and age",
+		Short: "Generate development keys: ed25519, ECDSA P-256, age and the controller's",
 		Long: `Generate development keys into --dir, each as <name>.key (private, 0600) and
 <name>.pub (public, 0644):
   ed25519     signs DSSE envelopes (invitations, host floors); PEM PKCS#8 / PKIX
   ecdsa-p256  signs release manifests like cosign; cosign.pub is PEM PKIX as cosign writes it
   age         an X25519 identity as age-keygen writes it; the .pub file holds the recipient
-Existing files are never overwritten.
+  controller  ed25519, named controller: signs credential.rotated and grant.changed
+              (steward publish/serve --signing-key controller.key); the credential and
+              provision workers verify with --controller-key controller.pub
+Existing files are never overwritten. To rotate the controller key, make a new
+pair under another --name, give the workers both public keys (a comma-separated
+--controller-key, or both PEM blocks in one file), sign with the new key, then
+remove the old public key from the workers.
 
 Sign a release with cosign 3, offline:
   COSIGN_PASSWORD=... cosign sign-blob --key cosign.key --use-signing-config=false \
@@ -48,11 +59,11 @@ Sign a release with cosign 3, offline:
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if len(kindList) == 0 {
-				return errors.New("--kind: give at least one of ed25519, ecdsa-p256, age")
+				return errors.New("--kind: give at least one of ed25519, ecdsa-p256, age, controller")
 			}
 			for _, k := range kindList {
 				if _, ok := defaultKeyNames[k]; !ok {
-					return fmt.Errorf("--kind %q: want ed25519, ecdsa-p256 or age", k)
+					return fmt.Errorf("--kind %q: want ed25519, ecdsa-p256, age or controller", k)
 				}
 			}
 			if name != "" && len(kindList) > 1 {
@@ -96,7 +107,11 @@ Sign a release with cosign 3, offline:
 					fmt.Fprintf(out, "%s private key %s (0600, cosign format, %s), public key %s (0644)\n", k, priv, note, pub)
 					continue
 				}
-				if err := signing.GenerateKeyPair(signing.KeyKind(k), priv, pub); err != nil {
+				kind := signing.KeyKind(k)
+				if k == keyController {
+					kind = signing.Ed25519
+				}
+				if err := signing.GenerateKeyPair(kind, priv, pub); err != nil {
 					return fmt.Errorf("%s key: %w", k, err)
 				}
 				fmt.Fprintf(out, "%s private key %s (0600), public key %s (0644)\n", k, priv, pub)
@@ -106,7 +121,7 @@ Sign a release with cosign 3, offline:
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&dir, "dir", ".steward/keys", "folder to write the keys to (created 0700)")
-	fs.StringSliceVar(&kindList, "kind", []string{string(signing.Ed25519), string(signing.P256), keyAge}, "which keys: ed25519, ecdsa-p256, age (repeat or comma-separate)")
-	fs.StringVar(&name, "name", "", "file name before .key/.pub (default ed25519, cosign or age by kind)")
+	fs.StringSliceVar(&kindList, "kind", []string{string(signing.Ed25519), string(signing.P256), keyAge, keyController}, "which keys: ed25519, ecdsa-p256, age, controller (repeat or comma-separate)")
+	fs.StringVar(&name, "name", "", "file name before .key/.pub (default ed25519, cosign, age or controller by kind)")
 	return cmd
 }

@@ -293,7 +293,7 @@ func TestOpsReplayCountsAndMarks(t *testing.T) {
 	for _, v := range []int{2, 1} {
 		ok(t, nil, "publish", url, "--type", events.TypeCredentialRotated,
 			"--data", fmt.Sprintf(`{"hive":"%s","version":%d,"clientId":"client-%d"}`, cfg.Hive, v, v),
-			"--secret-file", secretFile, "--recipient", recipientOf(t, cfg.AgeIdentity))
+			"--secret-file", secretFile, "--recipient", recipientOf(t, cfg.AgeIdentity), "--signing-key", signingKeyOf(cfg))
 	}
 	ctx := context.Background()
 	if _, err := js.KeyValue(ctx, workers.CheckpointBucket); err != nil {

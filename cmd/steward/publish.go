@@ -14,6 +14,7 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/agekey"
+	"github.com/steward-dev/steward/internal/signing"
 	"github.com/steward-dev/steward/publisher"
 )
 
@@ -25,6 +26,9 @@ type publishFlags struct {
 	typ, key, data, source, id string
 	file                       string
 	secretFile, recipient      string
+	// signingKey is the controller's private key that signs
+	// credential.rotated and grant.changed.
+	signingKey string
 }
 
 func newPublishCmd(g *globals) *cobra.Command {
@@ -41,6 +45,13 @@ With --secret-file and --recipient the file's content, byte for byte, is
 encrypted with age to the recipient and set as the data's "secret" field, so
 the plaintext never travels (credential.rotated).
 
+With --signing-key (the controller's ed25519 private key, steward keys --kind
+controller) every credential.rotated and grant.changed event is signed after
+it is validated: a DSSE envelope naming the hive or machine and binding every
+field, the secrets by their ciphertext's SHA-256, replacing any envelope it
+held. The credential and provision workers refuse these types unsigned, so a
+recorded stream is republished signed with --file and --signing-key.
+
 Each stored event is printed with its stream sequence and whether JetStream
 already held it (duplicate=true: same id inside the dedupe window, nothing new
 stored). With --file, progress goes to stderr when publishing takes over a
@@ -48,11 +59,15 @@ second.`,
 		Example: `  steward publish --type dev.steward.release.published.v1 --data '{"version":"1.2.3"}'
   steward publish --type dev.steward.credential.rotated.v1 \
     --data '{"hive":"dev","version":2,"clientId":"client-2"}' \
-    --secret-file ./secret.txt --recipient ./age.pub
-  steward publish --file events.jsonl`,
+    --secret-file ./secret.txt --recipient ./age.pub --signing-key ./controller.key
+  steward publish --file events.jsonl --signing-key ./controller.key`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			list, err := f.events(cmd.InOrStdin())
+			if err != nil {
+				return err
+			}
+			signer, err := loadSigner(f.signingKey)
 			if err != nil {
 				return err
 			}
@@ -63,6 +78,18 @@ second.`,
 						return fmt.Errorf("event %d of %s (nothing was published): %w", i+1, f.file, err)
 					}
 					return err
+				}
+				if !signing.MustSign(list[i].Type()) {
+					continue
+				}
+				if signer == nil {
+					fmt.Fprintf(cmd.ErrOrStderr(), "warning: event %s (%s for %s) is published unsigned (no --signing-key); its worker refuses it\n", list[i].ID(), list[i].Type(), list[i].Subject())
+					continue
+				}
+				// Signed after validation, so only data the schema takes
+				// is vouched for.
+				if list[i], err = signer.Sign(cmd.Context(), list[i]); err != nil {
+					return fmt.Errorf("--signing-key (nothing was published): %w", err)
 				}
 			}
 			nc, js, err := g.connect(cmd.Context(), "steward publish", false)
@@ -105,6 +132,7 @@ second.`,
 	fs.StringVar(&f.file, "file", "", "publish every event of this JSONL file instead (JSON event format, one per line)")
 	fs.StringVar(&f.secretFile, "secret-file", "", "encrypt this file's content to --recipient and set it as data.secret")
 	fs.StringVar(&f.recipient, "recipient", "", "the age recipient (age1...) for --secret-file, or a file holding it")
+	fs.StringVar(&f.signingKey, "signing-key", "", "the controller's ed25519 private key (PEM) that signs credential.rotated and grant.changed")
 	return cmd
 }
 
@@ -173,6 +201,19 @@ func (f *publishFlags) events(stdin io.Reader) ([]event.Event, error) {
 		e.SetID(f.id)
 	}
 	return []event.Event{e}, nil
+}
+
+// loadSigner reads the controller's signing key; "" is none. It is the one
+// signer publish, serve and dev use (signing.EventSigner).
+func loadSigner(path string) (*signing.EventSigner, error) {
+	if path == "" {
+		return nil, nil
+	}
+	s, err := signing.LoadEventSigner(path)
+	if err != nil {
+		return nil, fmt.Errorf("--signing-key: %w", err)
+	}
+	return s, nil
 }
 
 // withSecret sets data.secret to the secret file's content encrypted to the
