@@ -52,7 +52,7 @@ func TestExternalModule(t *testing.T) {
 	copyFile(t, filepath.Join("testdata", "platform", "platform_test.go"), filepath.Join(mod, "platform_test.go"))
 	// The recorded stream and its test identity are the credential
 	// worker's example's, so the two replay the same stream.
-	for _, name := range []string{"rotations.jsonl", "hive-1.agekey"} {
+	for _, name := range []string{"rotations.jsonl", "hive-1.agekey", "controller.pub"} {
 		copyFile(t, filepath.Join(root, "workers", "credential", "testdata", name), filepath.Join(mod, "testdata", name))
 	}
 

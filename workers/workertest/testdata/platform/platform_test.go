@@ -24,7 +24,7 @@ func TestReplayRecordedRotations(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "credentials")
-			w, err := credential.New(credential.Config{Hive: "hive-1", AgeIdentity: "testdata/hive-1.agekey", CredentialDir: dir})
+			w, err := credential.New(credential.Config{Hive: "hive-1", AgeIdentity: "testdata/hive-1.agekey", CredentialDir: dir, ControllerKey: "testdata/controller.pub"})
 			if err != nil {
 				t.Fatal(err)
 			}
