@@ -20,7 +20,7 @@ const (
 	TypeGrantChanged       = "dev.steward.grant.changed.v1"
 )
 
-// Subject prefixes of the three streams (DESIGN §3).
+// Subject prefixes of the three streams (docs/design.md §3).
 const (
 	EventsPrefix   = "steward.events"
 	OutcomesPrefix = "steward.outcomes"
@@ -125,7 +125,7 @@ type HostFloorPublished struct {
 // ciphertext to the hive's recipient; the plaintext never travels.
 //
 // Envelope is the controller's DSSE signature over a Rotation that names
-// the hive and binds every other field (DESIGN §2, "Who may say what"): the
+// the hive and binds every other field (docs/design.md §7): the
 // hive's recipient is public, so without it anyone who can publish could
 // hand the hive a pair of their own. The schema leaves it optional so the
 // wire type stays usable as a plain test event; the credential worker

@@ -40,7 +40,7 @@ func main() {
 	}
 }
 
-// globals holds the flags every command shares (DESIGN §6, "all").
+// globals holds the flags every command shares (docs/design.md §6, "all").
 type globals struct {
 	natsURL   string
 	natsCreds string

@@ -183,7 +183,7 @@ func consoleSigner(signer *signing.EventSigner) console.Signer {
 }
 
 // signingIngress stands in front of the ingress (publisher.Ingress, which
-// has no hook of its own) and enforces DESIGN §2 there: credential.rotated
+// has no hook of its own) and enforces docs/design.md §7 there: credential.rotated
 // and grant.changed from a caller with the bearer token are validated and
 // then signed with the controller key before the ingress stores them;
 // with no key they are refused with 403, and nothing of the request is
@@ -231,7 +231,7 @@ func (s *signingIngress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if s.signer == nil {
 			s.reply(w, r, http.StatusForbidden, describeIn(len(list), i, fmt.Sprintf(
-				"%s for %s must be signed by the controller (DESIGN §2: desired state that hands out access is accepted only signed), and this ingress has no --signing-key, so nothing of the request was stored; start steward serve with --signing-key, or publish it with steward publish --signing-key",
+				"%s for %s must be signed by the controller (docs/design.md §7: desired state that hands out access is accepted only signed), and this ingress has no --signing-key, so nothing of the request was stored; start steward serve with --signing-key, or publish it with steward publish --signing-key",
 				list[i].Type(), list[i].Subject())))
 			return
 		}

@@ -90,7 +90,7 @@ type Permissions struct {
 	Subscribe []string
 }
 
-// Permissions are the identity's subjects (DESIGN §2, "Who may say what").
+// Permissions are the identity's subjects (docs/design.md §7).
 func (id Identity) Permissions() Permissions {
 	inbox := id.InboxPrefix() + ".>"
 	switch id.Role {

@@ -22,7 +22,7 @@ import (
 
 // Desired state that hands out access (a hive's credential, a machine's
 // database grants) is signed by the controller's key like invitations are
-// by the console's (DESIGN §2, "Who may say what"): the hive's and the
+// by the console's (docs/design.md §7): the hive's and the
 // machine's age recipients are public, so encryption proves nothing about
 // who sent a rotation or a grant, and a version or generation nobody vouched
 // for could pin the key for ever. The envelope's payload names the hive or

@@ -81,7 +81,7 @@ type Config struct {
 	pollInterval time.Duration
 }
 
-// AddFlags registers the converge flags on fs, named as DESIGN §6's
+// AddFlags registers the converge flags on fs, named as docs/design.md §6's
 // STEWARD_* settings without the prefix.
 func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Install, "install", c.Install, "the install this worker converges (one subject token)")

@@ -298,7 +298,7 @@ func TestConfigErrors(t *testing.T) {
 	w.Close()
 }
 
-// Every flag is registered under its DESIGN §6 name, with the defaults.
+// Every flag is registered under its docs/design.md §6 name, with the defaults.
 func TestFlags(t *testing.T) {
 	var cfg Config
 	fs := pflag.NewFlagSet("converge", pflag.ContinueOnError)

@@ -31,7 +31,7 @@
 // pair is in place (see Worker.announce); its failure is reported and
 // counted and never rolls the pair back.
 //
-// A rotation counts only when the controller signed it (DESIGN §2): the
+// A rotation counts only when the controller signed it (docs/design.md §7): the
 // hive's recipient is public, so an unsigned rotation, or one whose
 // envelope does not verify with a key of --controller-key, names another
 // hive or disagrees with the event's fields, is refused before anything is
@@ -102,7 +102,7 @@ type Refused struct {
 	Reason string `json:"reason"`
 }
 
-// Config is a credential worker's configuration (DESIGN §6: STEWARD_HIVE,
+// Config is a credential worker's configuration (docs/design.md §6: STEWARD_HIVE,
 // STEWARD_AGE_IDENTITY, STEWARD_CREDENTIAL_DIR; issue 14 adds
 // STEWARD_ON_CHANGE and STEWARD_ON_CHANGE_TIMEOUT; issue 12
 // STEWARD_CONTROLLER_KEY).

@@ -5,7 +5,7 @@
 // deployment's host floor signed by the release key, before it writes the
 // guard's policy and enrollment and runs the arm command.
 //
-// Events handled (DESIGN §2, §5):
+// Events handled (docs/design.md §2, §5):
 //   - dev.steward.hostfloor.published.v1: a verified floor for this
 //     deployment is kept in the worker's state ("floor"), the newest by
 //     minAgentVersion: the version is signed, a stream sequence is not, so
@@ -27,7 +27,7 @@
 //     further ahead of this box's clock than MaxClockSkew is refused, since
 //     it would supersede every later invitation until its time came.
 //
-// Stored state is a cache, never proof (DESIGN §2): the kept floor and the
+// Stored state is a cache, never proof (docs/design.md §2): the kept floor and the
 // newest accepted invitation are kept as the DSSE envelopes received, and
 // verified again with their keys every time they are read. A document that
 // does not verify (forged, or written by a Steward that kept no evidence)
@@ -79,7 +79,7 @@ const (
 // never a dead letter, since no redelivery would be received differently.
 var ErrRefused = errors.New("join refused")
 
-// Config is the join worker's configuration (DESIGN §6, join settings).
+// Config is the join worker's configuration (docs/design.md §6, join settings).
 type Config struct {
 	// Box is this box's name; the worker consumes only its invitations.
 	Box string

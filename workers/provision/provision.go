@@ -16,7 +16,7 @@
 // verifiers Steward computes itself, so no plaintext reaches the server's
 // logs or pg_stat_statements.
 //
-// A grant counts only when the controller signed it (DESIGN §2): the
+// A grant counts only when the controller signed it (docs/design.md §7): the
 // machine's recipient is public, so a grant that is unsigned, does not
 // verify with a key of --controller-key, names another machine or disagrees
 // with the event's fields is refused before its generation is compared or
@@ -83,7 +83,7 @@ type Config struct {
 	RolePrefix string
 }
 
-// AddFlags registers the configuration's flags (DESIGN §6:
+// AddFlags registers the configuration's flags (docs/design.md §6:
 // STEWARD_MACHINE, STEWARD_AGE_IDENTITY, STEWARD_DATABASE_URL,
 // STEWARD_ROLE_PREFIX; issue 12 adds STEWARD_CONTROLLER_KEY).
 func (c *Config) AddFlags(fs *pflag.FlagSet) {
