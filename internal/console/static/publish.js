@@ -122,6 +122,15 @@ function buildObject(sch, path, name) {
   const children = [];
   const required = new Set(sch.required || []);
   for (const [prop, sub] of Object.entries(sch.properties || {})) {
+    if (sealed && path === "" && prop === "envelope") {
+      // The controller's signature over what this page sends: the
+      // server adds it, after the page has sealed the secrets.
+      const note = document.createElement("p");
+      note.className = "rule";
+      note.textContent = "envelope: signed by the server with the controller key, over the sealed data";
+      fs.append(note);
+      continue;
+    }
     const node = build(sub, `${path}/${prop}`, prop);
     if (!required.has(prop) && node.el.firstChild && node.el.tagName === "LABEL") {
       node.el.firstChild.textContent = `${prop} (optional)`;
