@@ -217,6 +217,7 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, o 
 	}
 	defer stopHTTP()
 	base := "http://" + bound
+	fmt.Fprintf(out, "console: %s/  (log in with the token)\n", base)
 	fmt.Fprintf(out, "ingress: POST %s%s  (bearer token %s, kept in %s)\n", base, publisher.IngressPath, token, filepath.Join(dir, tokenFile))
 	fmt.Fprintf(out, "metrics and health: %s/metrics  %s/healthz  %s/readyz\n", base, base, base)
 	pg = <-pgDone
