@@ -46,12 +46,15 @@ func testDir(t *testing.T) string {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.After(30 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
 	for !cond() {
-		if time.Now().After(deadline) {
+		select {
+		case <-deadline:
 			t.Fatalf("%s: not within 30s", what)
+		case <-tick.C:
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
