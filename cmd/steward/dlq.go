@@ -276,13 +276,13 @@ func printSafeJSON(w io.Writer, v any) error {
 }
 
 func jsonSafe(s string) string {
-	if !strings.ContainsFunc(s, func(r rune) bool { return r >= 0x7f && controlRune(r) }) {
+	if !strings.ContainsFunc(s, func(r rune) bool { return r >= 0x7f && ops.Unprintable(r) }) {
 		return s
 	}
 	var b strings.Builder
 	for _, r := range s {
 		switch {
-		case r < 0x7f || !controlRune(r):
+		case r < 0x7f || !ops.Unprintable(r):
 			b.WriteRune(r)
 		case r > 0xffff:
 			r1, r2 := utf16.EncodeRune(r)

@@ -8,8 +8,6 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -140,39 +138,7 @@ func roundDur(d time.Duration) string {
 // and C1 controls (tabs and newlines too, which would break the table),
 // DEL, Unicode format characters (bidi overrides that reorder a line),
 // line and paragraph separators, and bytes that are not UTF-8.
-func escapeControl(s string) string {
-	clean := true
-	for _, r := range s {
-		if controlRune(r) {
-			clean = false
-			break
-		}
-	}
-	if clean {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); {
-		r, n := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && n == 1:
-			fmt.Fprintf(&b, `\x%02x`, s[i])
-		case r < 0x80 && controlRune(r):
-			fmt.Fprintf(&b, `\x%02x`, r)
-		case controlRune(r):
-			fmt.Fprintf(&b, `\u%04x`, r)
-		default:
-			b.WriteString(s[i : i+n])
-		}
-		i += n
-	}
-	return b.String()
-}
-
-func controlRune(r rune) bool {
-	return r == utf8.RuneError || r < 0x20 || (r >= 0x7f && r < 0xa0) ||
-		unicode.Is(unicode.Cf, r) || unicode.Is(unicode.Zl, r) || unicode.Is(unicode.Zp, r)
-}
+func escapeControl(s string) string { return ops.Printable(s) }
 
 // withServerHint adds to an error that found no Steward streams which
 // setting chose the server asked, so an operator who forgot

@@ -15,7 +15,7 @@ import (
 // whoever could publish, so it passes here before a log line or a
 // terminal shows it.
 func Printable(s string) string {
-	if !strings.ContainsFunc(s, unprintable) {
+	if !strings.ContainsFunc(s, Unprintable) {
 		return s
 	}
 	var b strings.Builder
@@ -24,9 +24,9 @@ func Printable(s string) string {
 		switch {
 		case r == utf8.RuneError && n == 1:
 			fmt.Fprintf(&b, `\x%02x`, s[i])
-		case r < 0x80 && unprintable(r):
+		case r < 0x80 && Unprintable(r):
 			fmt.Fprintf(&b, `\x%02x`, r)
-		case unprintable(r):
+		case Unprintable(r):
 			fmt.Fprintf(&b, `\u%04x`, r)
 		default:
 			b.WriteString(s[i : i+n])
@@ -36,9 +36,9 @@ func Printable(s string) string {
 	return b.String()
 }
 
-// unprintable says a terminal would act on r, or that r stands for a byte
+// Unprintable says a terminal would act on r, or that r stands for a byte
 // that is not UTF-8.
-func unprintable(r rune) bool {
+func Unprintable(r rune) bool {
 	return r == utf8.RuneError || r < 0x20 || (r >= 0x7f && r < 0xa0) ||
 		unicode.Is(unicode.Cf, r) || unicode.Is(unicode.Zl, r) || unicode.Is(unicode.Zp, r)
 }
