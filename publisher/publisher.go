@@ -12,6 +12,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -26,9 +27,10 @@ const DefaultSource = "/steward/publisher"
 
 // Publisher publishes Steward events. It is safe for concurrent use.
 type Publisher struct {
-	js     jetstream.JetStream
-	source string
-	tracer trace.Tracer
+	js      jetstream.JetStream
+	source  string
+	tracer  trace.Tracer
+	refused *prometheus.CounterVec
 }
 
 // Option configures a Publisher.
@@ -39,6 +41,28 @@ type Option func(*Publisher)
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(p *Publisher) { p.tracer = tp.Tracer(tracing.Scope) }
 }
+
+// WithRegisterer registers steward_publish_refused_total{stream,limit}:
+// events a stream refused because one of its limits was reached.
+func WithRegisterer(r prometheus.Registerer) Option {
+	return func(p *Publisher) {
+		c := prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "steward_publish_refused_total",
+			Help: "Events a stream refused because it reached a limit (max_bytes, max_msg_size, ...): nothing stored was dropped.",
+		}, []string{"stream", "limit"})
+		if err := r.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				c, _ = are.ExistingCollector.(*prometheus.CounterVec)
+			}
+		}
+		p.refused = c
+	}
+}
+
+// RefusedCounter is steward_publish_refused_total, when WithRegisterer
+// registered it (nil otherwise).
+func (p *Publisher) RefusedCounter() *prometheus.CounterVec { return p.refused }
 
 // WithSource sets the source given to events that carry none.
 func WithSource(source string) Option { return func(p *Publisher) { p.source = source } }
@@ -118,6 +142,15 @@ func (p *Publisher) Publish(ctx context.Context, e event.Event) (Ack, error) {
 		return Ack{}, err
 	}
 	pa, err := p.js.PublishMsg(ctx, msg)
+	if le := events.AsLimitError(events.StreamEvents, err, nil); le != nil {
+		// The stream discards new events at its limits, so what it holds
+		// is never dropped; the publisher hears why and what raises it.
+		span.SetStatus(codes.Error, "refused at a limit")
+		if p.refused != nil {
+			p.refused.WithLabelValues(le.Stream, le.Limit).Inc()
+		}
+		return Ack{ID: e.ID()}, fmt.Errorf("publish %s for %s (event %s): %w", e.Type(), e.Subject(), e.ID(), le)
+	}
 	if err != nil {
 		span.SetStatus(codes.Error, "not stored")
 		return Ack{ID: e.ID()}, fmt.Errorf("publish %s for %s (event %s): %w", e.Type(), e.Subject(), e.ID(), err)

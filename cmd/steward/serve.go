@@ -150,7 +150,7 @@ func ingressMux(g *globals, js jetstream.JetStream, reg *prometheus.Registry, to
 		maxBody = publisher.DefaultMaxBody
 	}
 	log := g.log.With().Str("component", "ingress").Logger()
-	in, err := publisher.NewIngress(publisher.New(js), publisher.IngressConfig{
+	in, err := publisher.NewIngress(publisher.New(js, publisher.WithRegisterer(reg)), publisher.IngressConfig{
 		Token: token,
 		// signingIngress has bounded every authenticated body to maxBody
 		// already; what it hands on holds the envelopes it added too.
