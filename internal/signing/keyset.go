@@ -129,6 +129,11 @@ func NewKeySet(keys ...crypto.PublicKey) (*KeySet, error) {
 // Len is how many keys the set holds.
 func (s *KeySet) Len() int { return len(s.keys) }
 
+// Keys are the set's public keys, in the order they were given, for a
+// verifier that must try each key itself (a Sigstore bundle is verified
+// one trusted key at a time).
+func (s *KeySet) Keys() []crypto.PublicKey { return append([]crypto.PublicKey(nil), s.keys...) }
+
 // KeyIDs are the DSSE key ids (SSH SHA256 fingerprints) of the set's keys,
 // for logs and messages: they name a key without revealing anything.
 func (s *KeySet) KeyIDs() []string { return append([]string(nil), s.ids...) }

@@ -7,7 +7,9 @@ import (
 	"crypto/subtle"
 	"crypto/x509"
 	"encoding/base64"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	protobundle "github.com/sigstore/protobuf-specs/gen/pb-go/bundle/v1"
@@ -44,7 +46,8 @@ const (
 var timeZero time.Time
 
 // verifyBundle checks a Sigstore bundle over manifest with the configured
-// key, offline: no transparency log, no timestamp authority, no Fulcio.
+// release key set, offline: no transparency log, no timestamp authority,
+// no Fulcio.
 // What a key-signed cosign bundle can say is checked rule by rule, and the
 // first rule that fails is the refusal:
 //   - it is a bundle (v0.1 to v0.3) holding a message signature, not a
@@ -54,16 +57,17 @@ var timeZero time.Time
 //   - its message digest is SHA-256 and equals the manifest's own digest,
 //     compared here and not left to the library (GHSA-8gw7-4j42-w388: a
 //     bundle whose digest names other bytes must not pass for these);
-//   - its signature verifies against the key, over the manifest's bytes
-//     (sigstore-go, with the key as the only trusted material).
-func verifyBundle(key crypto.PublicKey, keyID, version string, manifest, raw []byte) error {
+//   - its signature verifies against a key of the set, over the manifest's
+//     bytes (sigstore-go, with that key as the only trusted material): each
+//     key is tried in turn, and one that verifies is enough.
+func verifyBundle(keys releaseKeys, version string, manifest, raw []byte) error {
 	var b bundle.Bundle
 	if err := b.UnmarshalJSON(raw); err != nil {
 		return refuse(ruleBundle, "release %s's %s is not a Sigstore bundle (%v), so it is not trusted and nothing ran", version, BundleFile, err)
 	}
 	vm := b.GetVerificationMaterial()
 	if vm.GetCertificate() != nil || vm.GetX509CertificateChain() != nil {
-		return refuse(ruleBundleCertificate, "release %s's %s carries a certificate, but this worker is configured with a release key (%s) only and cannot vouch for a certificate, so it is not trusted and nothing ran; sign with `cosign sign-blob --key`", version, BundleFile, keyID)
+		return refuse(ruleBundleCertificate, "release %s's %s carries a certificate, but this worker is configured with release keys only (%s) and cannot vouch for a certificate, so it is not trusted and nothing ran; sign with `cosign sign-blob --key`", version, BundleFile, keys)
 	}
 	if vm.GetPublicKey() == nil {
 		return refuse(ruleBundle, "release %s's %s names no public key, so it was not made with `cosign sign-blob --key` and nothing ran", version, BundleFile)
@@ -80,21 +84,48 @@ func verifyBundle(key crypto.PublicKey, keyID, version string, manifest, raw []b
 	if subtle.ConstantTimeCompare(md.GetDigest(), sum[:]) != 1 {
 		return refuse(ruleBundleDigest, "release %s's %s signs a message digest that is not the SHA-256 of %s (the bundle is for other bytes, or the manifest changed after signing), so it is not trusted and nothing ran", version, BundleFile, ManifestFile)
 	}
-	verifier, err := signature.LoadVerifier(key, crypto.SHA256)
+	var failed []string
+	for _, k := range keys {
+		err := verifyBundleWith(k, &b, manifest)
+		if err == nil {
+			return nil
+		}
+		var bad *badBundleSignature
+		if !errors.As(err, &bad) {
+			return err
+		}
+		failed = append(failed, bad.Error())
+	}
+	return refuse(ruleSignature, "the manifest of release %s does not verify against %s with its %s (%s), so it is not trusted and nothing ran", version, keys, BundleFile, strings.Join(failed, "; "))
+}
+
+// badBundleSignature is a bundle's signature that one key does not verify.
+type badBundleSignature struct {
+	keyID string
+	err   error
+}
+
+func (e *badBundleSignature) Error() string { return e.keyID + ": " + e.err.Error() }
+
+// verifyBundleWith verifies the bundle's signature over manifest with one
+// key: a *badBundleSignature when the key does not verify it, another error
+// when the key cannot be used at all.
+func verifyBundleWith(k releaseKey, b *bundle.Bundle, manifest []byte) error {
+	verifier, err := signature.LoadVerifier(k.pub, crypto.SHA256)
 	if err != nil {
-		return fmt.Errorf("release key %s: %w", keyID, err)
+		return fmt.Errorf("release key %s: %w", k.id, err)
 	}
 	trusted := root.NewTrustedPublicKeyMaterial(func(string) (root.TimeConstrainedVerifier, error) {
-		// The bundle's key hint is ignored: the configured key is the
-		// only key a release may be signed with.
+		// The bundle's key hint is ignored: only the configured keys may
+		// sign a release, and each is tried as the one trusted key.
 		return root.NewExpiringKey(verifier, timeZero, timeZero), nil
 	})
 	v, err := verify.NewVerifier(trusted, verify.WithNoObserverTimestamps())
 	if err != nil {
 		return fmt.Errorf("bundle verifier: %w", err)
 	}
-	if _, err := v.Verify(&b, verify.NewPolicy(verify.WithArtifact(bytes.NewReader(manifest)), verify.WithKey())); err != nil {
-		return refuse(ruleSignature, "the manifest of release %s does not verify against the release key %s with its %s (%v), so it is not trusted and nothing ran", version, keyID, BundleFile, err)
+	if _, err := v.Verify(b, verify.NewPolicy(verify.WithArtifact(bytes.NewReader(manifest)), verify.WithKey())); err != nil {
+		return &badBundleSignature{keyID: k.id, err: err}
 	}
 	return nil
 }

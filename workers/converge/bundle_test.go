@@ -88,7 +88,7 @@ func TestCosign3KeyIsStewardsFormat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := verifyBundle(mustKey(t, keyPair{pubPath: filepath.Join(dir, "k.pub")}), "k", "1.1.0", m, b); err != nil {
+	if err := verifyBundle(newReleaseKeys(mustKey(t, keyPair{pubPath: filepath.Join(dir, "k.pub")})), "1.1.0", m, b); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -221,14 +221,14 @@ func TestBundleRefusals(t *testing.T) {
 		{"bad bundle beside a good signature", manifestRaw, otherBundle, legacy, ruleSignature, "with its manifest.json.sigstore.json"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			_, _, err := checkManifest(pub, "k", events.ReleasePublished{Version: "1.1.0"}, "1.0.0", Evidence{Manifest: c.manifest, Bundle: c.bundle, Signature: c.sig})
+			_, _, err := checkManifest(newReleaseKeys(pub), events.ReleasePublished{Version: "1.1.0"}, "1.0.0", Evidence{Manifest: c.manifest, Bundle: c.bundle, Signature: c.sig})
 			var ref *refusal
 			if !errors.As(err, &ref) || ref.rule != c.rule || !strings.Contains(ref.reason, c.want) || !strings.Contains(ref.reason, "nothing ran") {
 				t.Fatalf("got %v, want a %s refusal saying %q and that nothing ran", err, c.rule, c.want)
 			}
 		})
 	}
-	if _, _, err := checkManifest(pub, "k", events.ReleasePublished{Version: "1.1.0"}, "1.0.0", Evidence{Manifest: manifestRaw, Bundle: real, Signature: legacy}); err != nil {
+	if _, _, err := checkManifest(newReleaseKeys(pub), events.ReleasePublished{Version: "1.1.0"}, "1.0.0", Evidence{Manifest: manifestRaw, Bundle: real, Signature: legacy}); err != nil {
 		t.Fatalf("the real cosign bundle: %v", err)
 	}
 }

@@ -43,8 +43,12 @@ type Config struct {
 	// Registry is where releases are read: a directory or an https base
 	// URL holding <version>/manifest.json and manifest.json.sigstore.json (or the legacy manifest.json.sig).
 	Registry string
-	// ReleaseKey is the PEM (PKIX) file of the public key releases are
-	// signed with: ECDSA P-256 as cosign writes it, or ed25519.
+	// ReleaseKey is the set of public keys releases are signed with: a PEM
+	// (PKIX) file holding one or more PUBLIC KEY blocks, each ECDSA P-256 as
+	// cosign writes it or ed25519, or several such files separated by
+	// commas (signing.LoadPublicKeys). A release signed by any key of the
+	// set verifies, so a key is rotated by adding the new one, publishing
+	// with it, then removing the old one.
 	ReleaseKey string
 	// InstalledVersion is the version the install runs when this worker
 	// first starts. Once the worker has recorded a version it is ignored.
@@ -86,7 +90,7 @@ type Config struct {
 func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Install, "install", c.Install, "the install this worker converges (one subject token)")
 	fs.StringVar(&c.Registry, "registry", c.Registry, "release registry: a directory or an https base URL holding <version>/manifest.json and manifest.json.sigstore.json (or the legacy manifest.json.sig)")
-	fs.StringVar(&c.ReleaseKey, "release-key", c.ReleaseKey, "PEM (PKIX) public key that signs releases (ECDSA P-256 as cosign writes it, or ed25519)")
+	fs.StringVar(&c.ReleaseKey, "release-key", c.ReleaseKey, "PEM (PKIX) public keys that sign releases (ECDSA P-256 as cosign writes it, or ed25519): one file with one or more PUBLIC KEY blocks, or files separated by commas; a release signed by any of them verifies, so a key is rotated by adding the new one, then removing the old")
 	fs.StringVar(&c.InstalledVersion, "installed-version", c.InstalledVersion, "version the install runs at the worker's first start (ignored once a version is recorded)")
 	runner := c.Runner
 	if runner == "" {
@@ -123,8 +127,7 @@ var (
 // checked is a Config that passed validation, with what it loaded.
 type checked struct {
 	Config
-	key      crypto.PublicKey
-	keyID    string
+	keys     releaseKeys
 	registry registry
 }
 
@@ -139,13 +142,14 @@ func (c Config) check() (*checked, error) {
 	if err != nil {
 		return nil, err
 	}
-	if c.ReleaseKey == "" {
-		return nil, fmt.Errorf("--release-key is required: the PEM public key releases are signed with")
+	if strings.TrimSpace(c.ReleaseKey) == "" {
+		return nil, fmt.Errorf("--release-key is required: the PEM public keys releases are signed with (one file with one or more PUBLIC KEY blocks, or files separated by commas)")
 	}
-	key, err := signing.LoadPublicKey(c.ReleaseKey)
+	set, err := signing.LoadPublicKeys(c.ReleaseKey)
 	if err != nil {
 		return nil, fmt.Errorf("--release-key: %w", err)
 	}
+	keys := newReleaseKeys(set.Keys()...)
 	if c.InstalledVersion != "" {
 		if err := events.CheckVersion(c.InstalledVersion); err != nil {
 			return nil, fmt.Errorf("--installed-version: %w", err)
@@ -174,7 +178,7 @@ func (c Config) check() (*checked, error) {
 	default:
 		return nil, fmt.Errorf("--runner %q: the runners are %s and %s", c.Runner, RunnerCloudRun, RunnerExec)
 	}
-	return &checked{Config: c, key: key, keyID: keyID(key), registry: reg}, nil
+	return &checked{Config: c, keys: keys, registry: reg}, nil
 }
 
 func (c Config) checkCloudRun() error {
@@ -207,6 +211,38 @@ func (c Config) checkCloudRun() error {
 		}
 	}
 	return nil
+}
+
+// releaseKey is one key of the release key set with the id messages name
+// it by.
+type releaseKey struct {
+	pub crypto.PublicKey
+	id  string
+}
+
+// releaseKeys is the release key set: a release signed by any one of them
+// verifies.
+type releaseKeys []releaseKey
+
+func newReleaseKeys(pubs ...crypto.PublicKey) releaseKeys {
+	ks := make(releaseKeys, 0, len(pubs))
+	for _, p := range pubs {
+		ks = append(ks, releaseKey{pub: p, id: keyID(p)})
+	}
+	return ks
+}
+
+// String names the set in messages: "the release key sha256:…" for one
+// key, "any of the 2 release keys (sha256:…, sha256:…)" for several.
+func (ks releaseKeys) String() string {
+	if len(ks) == 1 {
+		return "the release key " + ks[0].id
+	}
+	ids := make([]string, len(ks))
+	for i, k := range ks {
+		ids[i] = k.id
+	}
+	return fmt.Sprintf("any of the %d release keys (%s)", len(ks), strings.Join(ids, ", "))
 }
 
 // keyID names a public key in messages: the first 16 hex digits of the

@@ -288,7 +288,7 @@ func (w *Worker) recheck(ctx context.Context, d *workers.Delivery, ev events.Rel
 		}
 		evd = fetched
 	}
-	m, digest, err := verifyEvidence(w.cfg.key, w.cfg.keyID, ev.Version, evd)
+	m, digest, err := verifyEvidence(w.cfg.keys, ev.Version, evd)
 	if err != nil {
 		var r *refusal
 		if errors.As(err, &r) {
@@ -366,7 +366,7 @@ func (w *Worker) installed(ctx context.Context, d *workers.Delivery, resumed boo
 	}
 	switch {
 	case doc.Evidence != nil:
-		if _, _, err := verifyEvidence(w.cfg.key, w.cfg.keyID, doc.Version, *doc.Evidence); err != nil {
+		if _, _, err := verifyEvidence(w.cfg.keys, doc.Version, *doc.Evidence); err != nil {
 			var r *refusal
 			if errors.As(err, &r) {
 				return installedState{}, refuse(ruleInstalledUnverified, "the installed-version document of %s records %s but its evidence does not verify (%s: %s), so it is not believed and nothing ran; %s", w.cfg.Install, doc.Version, r.rule, r.reason, w.reseed())
@@ -389,7 +389,7 @@ func (w *Worker) installed(ctx context.Context, d *workers.Delivery, resumed boo
 		if err != nil {
 			return installedState{}, err
 		}
-		if _, _, err := verifyEvidence(w.cfg.key, w.cfg.keyID, doc.Version, evd); err != nil {
+		if _, _, err := verifyEvidence(w.cfg.keys, doc.Version, evd); err != nil {
 			if errors.As(err, &r) {
 				return installedState{}, refuse(ruleInstalledUnverified, "the installed-version document of %s records %s without signed evidence and the registry's release %s does not verify (%s: %s), so it is not believed and nothing ran; %s", w.cfg.Install, doc.Version, doc.Version, r.rule, r.reason, w.reseed())
 			}

@@ -75,7 +75,7 @@ func Dev(ctx context.Context, dir string) (Config, []string, error) {
 		// Keep a release that is there and verifies with this key; sign
 		// it again if the key changed or a file is missing.
 		if evd, err := (dirRegistry{root: reg}).fetch(ctx, m.Version); err == nil {
-			if _, _, err := verifyEvidence(key, "", m.Version, evd); err == nil {
+			if _, _, err := verifyEvidence(newReleaseKeys(key), m.Version, evd); err == nil {
 				continue
 			}
 		}

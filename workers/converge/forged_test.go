@@ -80,7 +80,7 @@ func TestForgedStageNeverRunsUnsignedImage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, d, err := verifyEvidence(mustKey(t, key), "", "1.1.0", e)
+		_, d, err := verifyEvidence(newReleaseKeys(mustKey(t, key)), "1.1.0", e)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -147,7 +147,7 @@ func TestForgedStageStartingPointAndMissingInstalledDoc(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, digest, err := verifyEvidence(mustKey(t, key), "", "1.1.0", good)
+	_, digest, err := verifyEvidence(newReleaseKeys(mustKey(t, key)), "1.1.0", good)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +259,7 @@ func TestLegacyStateIsVerifiedFromTheRegistry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, digest, err := verifyEvidence(mustKey(t, key), "", "1.2.0", good)
+	_, digest, err := verifyEvidence(newReleaseKeys(mustKey(t, key)), "1.2.0", good)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,7 +289,7 @@ func TestLegacyStateIsVerifiedFromTheRegistry(t *testing.T) {
 	if _, err := r.State().Get(context.Background(), InstalledDoc, &doc); err != nil || doc.Version != "1.2.0" || doc.Evidence == nil {
 		t.Fatalf("recorded %+v (%v), want 1.2.0 with evidence", doc, err)
 	}
-	if _, _, err := verifyEvidence(mustKey(t, key), "", "1.2.0", *doc.Evidence); err != nil {
+	if _, _, err := verifyEvidence(newReleaseKeys(mustKey(t, key)), "1.2.0", *doc.Evidence); err != nil {
 		t.Fatalf("recorded evidence does not verify: %v", err)
 	}
 }

@@ -274,7 +274,7 @@ func TestCheckManifestRules(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, _, err = checkManifest(pub, "k", events.ReleasePublished{Version: "1.1.0"}, "1.0.0", Evidence{Manifest: []byte(c.raw), Signature: []byte(sig)})
+			_, _, err = checkManifest(newReleaseKeys(pub), events.ReleasePublished{Version: "1.1.0"}, "1.0.0", Evidence{Manifest: []byte(c.raw), Signature: []byte(sig)})
 			var ref *refusal
 			if !errors.As(err, &ref) || ref.rule != c.rule || !strings.Contains(ref.reason, c.want) {
 				t.Fatalf("got %v, want a %s refusal saying %q", err, c.rule, c.want)
@@ -286,7 +286,7 @@ func TestCheckManifestRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	sum := sha256.Sum256([]byte(ok))
-	m, digest, err := checkManifest(pub, "k", events.ReleasePublished{Version: "1.1.0", ManifestDigest: "sha256:" + hex.EncodeToString(sum[:])}, "1.0.0", Evidence{Manifest: []byte(ok), Signature: []byte(sig)})
+	m, digest, err := checkManifest(newReleaseKeys(pub), events.ReleasePublished{Version: "1.1.0", ManifestDigest: "sha256:" + hex.EncodeToString(sum[:])}, "1.0.0", Evidence{Manifest: []byte(ok), Signature: []byte(sig)})
 	if err != nil || m.OpsImage != image("1.1.0") || digest != "sha256:"+hex.EncodeToString(sum[:]) {
 		t.Fatalf("a good manifest: %+v %s %v", m, digest, err)
 	}

@@ -141,7 +141,7 @@ func TestManifestDecodedStrictly(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			m, _, err := checkManifest(pub, "k", events.ReleasePublished{Version: "1.1.0"}, "1.0.0", Evidence{Manifest: []byte(c.raw), Signature: []byte(sig)})
+			m, _, err := checkManifest(newReleaseKeys(pub), events.ReleasePublished{Version: "1.1.0"}, "1.0.0", Evidence{Manifest: []byte(c.raw), Signature: []byte(sig)})
 			var ref *refusal
 			if !errors.As(err, &ref) || ref.rule != ruleManifest || !strings.Contains(ref.reason, c.want) || !strings.Contains(ref.reason, "nothing ran") {
 				t.Fatalf("got %v (manifest %+v), want a %s refusal saying %q", err, m, ruleManifest, c.want)

@@ -110,13 +110,13 @@ type Evidence struct {
 }
 
 // verifyEvidence checks that ev is a signed release manifest for version:
-// the signature verifies against the release key, the document is a schema
-// 1 manifest for that very version with a pinned image. It returns the
-// manifest and the digest of its bytes. It decides nothing about the
-// install; checkRelease does. Every "no" is a *refusal.
-func verifyEvidence(key crypto.PublicKey, keyID, version string, ev Evidence) (Manifest, string, error) {
+// the signature verifies against a key of the release key set, the
+// document is a schema 1 manifest for that very version with a pinned
+// image. It returns the manifest and the digest of its bytes. It decides
+// nothing about the install; checkRelease does. Every "no" is a *refusal.
+func verifyEvidence(keys releaseKeys, version string, ev Evidence) (Manifest, string, error) {
 	var m Manifest
-	if err := verifySignature(key, keyID, version, ev); err != nil {
+	if err := verifySignature(keys, version, ev); err != nil {
 		return m, "", err
 	}
 	raw := ev.Manifest
@@ -149,18 +149,24 @@ func verifyEvidence(key crypto.PublicKey, keyID, version string, ev Evidence) (M
 // verifySignature checks the evidence's signature over its manifest bytes:
 // the Sigstore bundle when there is one (a bad bundle is refused, never
 // passed over for the legacy signature beside it), else the legacy base64
-// signature.
-func verifySignature(key crypto.PublicKey, keyID, version string, ev Evidence) error {
+// signature. Either is good when one key of the release key set verifies
+// it.
+func verifySignature(keys releaseKeys, version string, ev Evidence) error {
+	if len(keys) == 0 {
+		return errors.New("no release key is configured")
+	}
 	if len(ev.Bundle) > 0 {
-		return verifyBundle(key, keyID, version, ev.Manifest, ev.Bundle)
+		return verifyBundle(keys, version, ev.Manifest, ev.Bundle)
 	}
 	if len(ev.Signature) == 0 {
 		return refuse(ruleNotFound, "release %s has neither %s nor %s%s", version, BundleFile, SignatureFile, missingNote(SignatureFile))
 	}
-	if err := signing.VerifyBlob(key, ev.Manifest, string(ev.Signature)); err != nil {
-		return refuse(ruleSignature, "the manifest of release %s does not verify against the release key %s (%s), so it is not trusted and nothing ran", version, keyID, signatureProblem(key, ev.Signature))
+	for _, k := range keys {
+		if signing.VerifyBlob(k.pub, ev.Manifest, string(ev.Signature)) == nil {
+			return nil
+		}
 	}
-	return nil
+	return refuse(ruleSignature, "the manifest of release %s does not verify against %s (%s), so it is not trusted and nothing ran", version, keys, signatureProblem(keys, ev.Signature))
 }
 
 // decodeManifest decodes a signed manifest exactly as a reviewer reads it
@@ -175,8 +181,8 @@ func decodeManifest(raw []byte, m *Manifest) error {
 
 // checkManifest verifies a release's evidence and decides whether an
 // install at installed may move to it: verifyEvidence, then checkRelease.
-func checkManifest(key crypto.PublicKey, keyID string, ev events.ReleasePublished, installed string, evd Evidence) (Manifest, string, error) {
-	m, digest, err := verifyEvidence(key, keyID, ev.Version, evd)
+func checkManifest(keys releaseKeys, ev events.ReleasePublished, installed string, evd Evidence) (Manifest, string, error) {
+	m, digest, err := verifyEvidence(keys, ev.Version, evd)
 	if err != nil {
 		return m, "", err
 	}
@@ -218,24 +224,37 @@ func checkRelease(m Manifest, digest string, ev events.ReleasePublished, install
 
 // signatureProblem says why a signature did not verify, as far as can be
 // told: a file that is no signature at all, or a signature that belongs to
-// other bytes or another key (which no one can tell apart).
-func signatureProblem(key crypto.PublicKey, sig []byte) string {
+// other bytes or another key (which no one can tell apart). A signature
+// only reads as malformed when it has the form of no key of the set.
+func signatureProblem(keys releaseKeys, sig []byte) string {
 	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(sig)))
 	if err != nil {
 		return SignatureFile + " is not base64"
 	}
-	switch key.(type) {
-	case *ecdsa.PublicKey:
-		var rs struct{ R, S *big.Int }
-		if rest, err := asn1.Unmarshal(raw, &rs); err != nil || len(rest) > 0 {
-			return SignatureFile + " is not an ASN.1 ECDSA signature"
+	var malformed []string
+	seen := map[string]bool{}
+	for _, k := range keys {
+		problem := ""
+		switch k.pub.(type) {
+		case *ecdsa.PublicKey:
+			var rs struct{ R, S *big.Int }
+			if rest, err := asn1.Unmarshal(raw, &rs); err != nil || len(rest) > 0 {
+				problem = SignatureFile + " is not an ASN.1 ECDSA signature"
+			}
+		case ed25519.PublicKey:
+			if len(raw) != ed25519.SignatureSize {
+				problem = fmt.Sprintf("%s is %d bytes, not an ed25519 signature", SignatureFile, len(raw))
+			}
 		}
-	case ed25519.PublicKey:
-		if len(raw) != ed25519.SignatureSize {
-			return fmt.Sprintf("%s is %d bytes, not an ed25519 signature", SignatureFile, len(raw))
+		if problem == "" {
+			return "either manifest.json was changed after it was signed, or it was signed by another key"
+		}
+		if !seen[problem] {
+			seen[problem] = true
+			malformed = append(malformed, problem)
 		}
 	}
-	return "either manifest.json was changed after it was signed, or it was signed by another key"
+	return strings.Join(malformed, "; ")
 }
 
 // checkPinned accepts exactly <repo>@sha256:<64 hex>: no tag, nothing a
@@ -317,7 +336,7 @@ func (w *Worker) fetchRelease(ctx context.Context, ev events.ReleasePublished, i
 	if err != nil {
 		return release{}, Evidence{}, err
 	}
-	m, digest, err := checkManifest(w.cfg.key, w.cfg.keyID, ev, installed, evd)
+	m, digest, err := checkManifest(w.cfg.keys, ev, installed, evd)
 	if err != nil {
 		return release{}, Evidence{}, err
 	}

@@ -8,7 +8,6 @@ import (
 	"github.com/secure-systems-lab/go-securesystemslib/dsse"
 
 	"github.com/steward-dev/steward/events"
-	"github.com/steward-dev/steward/internal/signing"
 	"github.com/steward-dev/steward/workers"
 )
 
@@ -171,9 +170,9 @@ func decodeFloor(payload []byte) (events.HostFloor, string, string) {
 // failed.
 func (w *Worker) openFloor(env dsse.Envelope) (events.HostFloor, string, string) {
 	var floor events.HostFloor
-	payload, err := signing.OpenEnvelope(w.releaseKey, env, events.PayloadTypeHostFloor)
+	payload, _, err := w.releaseKeys.OpenEnvelope(env, events.PayloadTypeHostFloor)
 	if err != nil {
-		return floor, "signature", fmt.Sprintf("its envelope does not verify with the release key %s (%v); publish a floor signed by the release key", w.cfg.ReleaseKey, err)
+		return floor, "signature", fmt.Sprintf("its envelope does not verify with the release key set --release-key (%v); publish a floor signed by a key of the set", err)
 	}
 	floor, rule, reason := decodeFloor(payload)
 	if rule != "" {

@@ -18,7 +18,6 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/atomicfile"
-	"github.com/steward-dev/steward/internal/signing"
 	"github.com/steward-dev/steward/internal/strictjson"
 	"github.com/steward-dev/steward/workers"
 )
@@ -218,9 +217,9 @@ func (w *Worker) handleInvitation(ctx context.Context, d *workers.Delivery) erro
 // non-empty rule names the first check that failed.
 func (w *Worker) verifyInvitation(env dsse.Envelope) (events.Invitation, string, string) {
 	var inv events.Invitation
-	payload, err := signing.OpenEnvelope(w.consoleKey, env, events.PayloadTypeInvitation)
+	payload, _, err := w.consoleKeys.OpenEnvelope(env, events.PayloadTypeInvitation)
 	if err != nil {
-		return inv, "signature", fmt.Sprintf("its envelope does not verify with the console key %s (%v); only the console's signed invitations arm a box", w.cfg.ConsoleKey, err)
+		return inv, "signature", fmt.Sprintf("its envelope does not verify with the console key set --console-key (%v); only the console's signed invitations arm a box", err)
 	}
 	inv, rule, reason := decodeInvitation(payload)
 	if rule != "" {

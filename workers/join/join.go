@@ -42,13 +42,13 @@ package join
 
 import (
 	"context"
-	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -85,11 +85,14 @@ type Config struct {
 	Box string
 	// Deployment the box joins; floors and invitations name it.
 	Deployment string
-	// ConsoleKey is the console's ed25519 public key (PEM PKIX) that signs
-	// invitations.
+	// ConsoleKey is the console's ed25519 public key set that signs
+	// invitations: a PEM file holding one or more PUBLIC KEY blocks, or
+	// several files separated by commas (signing.LoadEnvelopeKeys). A key
+	// is rotated by adding the new one, signing with it, then removing
+	// the old one; an invitation signed by any key of the set verifies.
 	ConsoleKey string
-	// ReleaseKey is the release ed25519 public key (PEM PKIX) that signs
-	// host floors.
+	// ReleaseKey is the release ed25519 public key set that signs host
+	// floors, given and rotated as ConsoleKey is.
 	ReleaseKey string
 	// IdentityRecord is the path of this box's published identity record
 	// (JSON with at least box and instanceId); invitations carry its
@@ -143,8 +146,8 @@ func orDefault(d, def time.Duration) time.Duration {
 func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Box, "box", c.Box, "this box's name; only its invitations are consumed")
 	fs.StringVar(&c.Deployment, "deployment", c.Deployment, "the deployment this box joins")
-	fs.StringVar(&c.ConsoleKey, "console-key", c.ConsoleKey, "the console's ed25519 public key (PEM) that signs invitations")
-	fs.StringVar(&c.ReleaseKey, "release-key", c.ReleaseKey, "the release ed25519 public key (PEM) that signs host floors")
+	fs.StringVar(&c.ConsoleKey, "console-key", c.ConsoleKey, "the console's ed25519 public keys (PEM) that sign invitations: one file with one or more PUBLIC KEY blocks, or files separated by commas; an invitation signed by any of them verifies, so a key is rotated by adding the new one, then removing the old")
+	fs.StringVar(&c.ReleaseKey, "release-key", c.ReleaseKey, "the release ed25519 public keys (PEM) that sign host floors: one file with one or more PUBLIC KEY blocks, or files separated by commas; a floor signed by any of them verifies, so a key is rotated by adding the new one, then removing the old")
 	fs.StringVar(&c.IdentityRecord, "identity-record", c.IdentityRecord, "path of this box's published identity record (JSON: box, instanceId)")
 	fs.StringVar(&c.InstanceIDFile, "instance-id-file", c.InstanceIDFile, "file holding this instance's ID (or use --instance-id-url)")
 	fs.StringVar(&c.InstanceIDURL, "instance-id-url", c.InstanceIDURL, "metadata URL answering this instance's ID over HTTP GET (or use --instance-id-file)")
@@ -157,17 +160,17 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 
 // Worker is the join worker of one box.
 type Worker struct {
-	cfg        Config
-	consoleKey ed25519.PublicKey
-	releaseKey ed25519.PublicKey
-	armPath    string
-	http       *http.Client
+	cfg         Config
+	consoleKeys *signing.KeySet
+	releaseKeys *signing.KeySet
+	armPath     string
+	http        *http.Client
 	// now is the box's clock, which an invitation's issuedAt is checked
 	// against.
 	now func() time.Time
 }
 
-// New checks cfg and loads the two public keys.
+// New checks cfg and loads the two public key sets.
 func New(cfg Config) (*Worker, error) {
 	if err := events.CheckKey(cfg.Box); err != nil {
 		return nil, fmt.Errorf("--box: %w", err)
@@ -175,11 +178,11 @@ func New(cfg Config) (*Worker, error) {
 	if err := events.CheckKey(cfg.Deployment); err != nil {
 		return nil, fmt.Errorf("--deployment: %w", err)
 	}
-	consoleKey, err := loadEd25519("--console-key", cfg.ConsoleKey)
+	consoleKeys, err := loadKeySet("--console-key", cfg.ConsoleKey)
 	if err != nil {
 		return nil, err
 	}
-	releaseKey, err := loadEd25519("--release-key", cfg.ReleaseKey)
+	releaseKeys, err := loadKeySet("--release-key", cfg.ReleaseKey)
 	if err != nil {
 		return nil, err
 	}
@@ -220,28 +223,26 @@ func New(cfg Config) (*Worker, error) {
 	}
 	cfg.ArmTimeout = orDefault(cfg.ArmTimeout, DefaultArmTimeout)
 	return &Worker{
-		cfg:        cfg,
-		consoleKey: consoleKey,
-		releaseKey: releaseKey,
-		armPath:    armPath,
-		http:       &http.Client{Timeout: 5 * time.Second},
-		now:        time.Now,
+		cfg:         cfg,
+		consoleKeys: consoleKeys,
+		releaseKeys: releaseKeys,
+		armPath:     armPath,
+		http:        &http.Client{Timeout: 5 * time.Second},
+		now:         time.Now,
 	}, nil
 }
 
-func loadEd25519(flag, path string) (ed25519.PublicKey, error) {
-	if path == "" {
-		return nil, fmt.Errorf("%s: required: an ed25519 public key file (PEM PKIX)", flag)
+// loadKeySet reads the ed25519 key set a flag names: one PEM file with one
+// or more PUBLIC KEY blocks, or several files separated by commas.
+func loadKeySet(flag, spec string) (*signing.KeySet, error) {
+	if strings.TrimSpace(spec) == "" {
+		return nil, fmt.Errorf("%s: required: an ed25519 public key file (PEM PKIX) with one or more PUBLIC KEY blocks, or several files separated by commas", flag)
 	}
-	pub, err := signing.LoadPublicKey(path)
+	keys, err := signing.LoadEnvelopeKeys(spec)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", flag, err)
 	}
-	ed, ok := pub.(ed25519.PublicKey)
-	if !ok {
-		return nil, fmt.Errorf("%s: %s holds a %T key; DSSE envelopes are verified with ed25519", flag, path, pub)
-	}
-	return ed, nil
+	return keys, nil
 }
 
 // Spec consumes this box's invitations and every host floor.
