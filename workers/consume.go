@@ -130,6 +130,13 @@ func (w *Worker) accept(msg jetstream.Msg) {
 		w.epoch.Add(1)
 	}
 	w.lastConsumerSeq = meta.Sequence.Consumer
+	// What the server says with every delivery costs no request.
+	if meta.Sequence.Consumer != 0 {
+		w.m.pending.Set(float64(meta.NumPending))
+	}
+	if meta.NumDelivered > 1 {
+		w.m.redelivered.Inc()
+	}
 
 	e, err := events.Decode(msg.Headers(), msg.Data())
 	if err == nil {

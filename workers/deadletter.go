@@ -106,6 +106,7 @@ func (w *Worker) ownLetter(ctx context.Context, seq uint64, header map[string][]
 // and waits for it (order.go) instead of being applied and leaving this
 // one to be skipped when it comes back.
 func (w *Worker) keep(h *held, log zerolog.Logger) string {
+	w.m.dlqFailed.Inc()
 	if h.lane != "" {
 		w.cps.drop(h.lane)
 	}

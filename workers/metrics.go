@@ -32,6 +32,10 @@ type metrics struct {
 	retrying    *prometheus.GaugeVec
 	waiting     *prometheus.GaugeVec
 	oldestRetry *prometheus.GaugeVec
+	pending     *prometheus.GaugeVec
+	redelivered *prometheus.CounterVec
+	oldestHeld  *prometheus.GaugeVec
+	dlqFailed   *prometheus.CounterVec
 }
 
 // instanceMetrics are one worker instance's children of the vectors,
@@ -44,6 +48,10 @@ type instanceMetrics struct {
 	retrying    prometheus.Gauge
 	waiting     prometheus.Gauge
 	oldestRetry prometheus.Gauge
+	pending     prometheus.Gauge
+	redelivered prometheus.Counter
+	oldestHeld  prometheus.Gauge
+	dlqFailed   prometheus.Counter
 }
 
 func (m *metrics) forInstance(worker, instance string) *instanceMetrics {
@@ -56,6 +64,10 @@ func (m *metrics) forInstance(worker, instance string) *instanceMetrics {
 		retrying:    m.retrying.With(l),
 		waiting:     m.waiting.With(l),
 		oldestRetry: m.oldestRetry.With(l),
+		pending:     m.pending.With(l),
+		redelivered: m.redelivered.With(l),
+		oldestHeld:  m.oldestHeld.With(l),
+		dlqFailed:   m.dlqFailed.With(l),
 	}
 	for _, r := range []string{resultApplied, resultRefused, resultSuperseded, resultSkipped, resultRetried, resultDead, resultReleased} {
 		im.results[r] = m.events.With(prometheus.Labels{"worker": worker, "instance": instance, "result": r})
@@ -115,6 +127,22 @@ func newMetrics(r prometheus.Registerer) *metrics {
 		oldestRetry: register(r, prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "steward_retry_oldest_seconds",
 			Help: "Age of the oldest first failure among the keys being retried.",
+		}, labels)),
+		pending: register(r, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "steward_events_pending",
+			Help: "Events stored for the instance and not delivered yet, as the last delivery said (its NumPending); 0 for a stream reader.",
+		}, labels)),
+		redelivered: register(r, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "steward_events_redelivered_total",
+			Help: "Deliveries that were redeliveries (a process died holding them, or they were handed back).",
+		}, labels)),
+		oldestHeld: register(r, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "steward_events_oldest_unsettled_seconds",
+			Help: "Age of the oldest event the instance holds and has not settled (queued, waiting, retrying or running).",
+		}, labels)),
+		dlqFailed: register(r, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "steward_dlq_writes_failed_total",
+			Help: "Dead letters that could not be written; each event was kept and tried again.",
 		}, labels)),
 	}
 }

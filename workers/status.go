@@ -105,6 +105,7 @@ func (w *Worker) publishStatus(final bool) {
 		oldest = max(oldest, w.now().Sub(r.FirstFailure).Seconds())
 	}
 	w.m.oldestRetry.Set(oldest)
+	w.m.oldestHeld.Set(w.oldestHeld())
 
 	body := st
 	body.UpdatedAt = time.Time{}
@@ -129,4 +130,20 @@ func (w *Worker) publishStatus(final bool) {
 func processName() string {
 	host, _ := os.Hostname()
 	return fmt.Sprintf("%s-%d", host, os.Getpid())
+}
+
+// oldestHeld is the age in seconds of the oldest event held unsettled.
+func (w *Worker) oldestHeld() float64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var oldest time.Time
+	for _, h := range w.held {
+		if oldest.IsZero() || h.received.Before(oldest) {
+			oldest = h.received
+		}
+	}
+	if oldest.IsZero() {
+		return 0
+	}
+	return w.now().Sub(oldest).Seconds()
 }
