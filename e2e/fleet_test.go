@@ -110,7 +110,7 @@ func TestFleetOnAClusterSurvivesANodeRestart(t *testing.T) {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem }()
-			var w *workers.Worker
+			var w *workers.Runtime
 			waitFor(t, "instance "+fleet.Instance(i)+" starts", 2*time.Minute, func() (bool, string) {
 				nctx, ncancel := context.WithTimeout(ctx, 10*time.Second)
 				defer ncancel()

@@ -22,14 +22,14 @@ type verdict struct {
 }
 
 // logFor is the logger of one delivery, with the fields docs/design.md §4 names.
-func (w *Worker) logFor(h *held) zerolog.Logger {
+func (w *Runtime) logFor(h *held) zerolog.Logger {
 	return w.log.With().
 		Str("key", h.key).Str("event_id", h.event.ID()).Str("type", h.event.Type()).
 		Uint64("seq", h.seq).Uint64("delivery", h.delivered).Uint64("attempt", h.delivered+h.attempts).Logger()
 }
 
 // process runs one delivery to its end and says what the lane does next.
-func (w *Worker) process(h *held) verdict {
+func (w *Runtime) process(h *held) verdict {
 	ctx, span := w.startSpan(h, "process")
 	defer span.End()
 	start := w.now()
@@ -84,7 +84,7 @@ func (w *Worker) process(h *held) verdict {
 // apply checks the checkpoint and the order, runs the handler and records
 // the event as settled. It returns a result when the delivery is settled
 // or deferred (with the sequence it waits behind), or the handler's error.
-func (w *Worker) apply(ctx context.Context, h *held, log zerolog.Logger) (string, uint64, error) {
+func (w *Runtime) apply(ctx context.Context, h *held, log zerolog.Logger) (string, uint64, error) {
 	cp, rev, cached, err := w.checkpointFor(ctx, h)
 	if err != nil {
 		return "", 0, err
@@ -148,7 +148,7 @@ func (w *Worker) apply(ctx context.Context, h *held, log zerolog.Logger) (string
 }
 
 // delivery is what the handler (or Rank) is given for h.
-func (w *Worker) delivery(h *held, cp checkpoint, rev uint64, log zerolog.Logger) *Delivery {
+func (w *Runtime) delivery(h *held, cp checkpoint, rev uint64, log zerolog.Logger) *Delivery {
 	return &Delivery{
 		Event: h.event, Key: h.key, Sequence: h.seq, Attempt: h.delivered + h.attempts, Log: log,
 		backend: (*runtimeBackend)(w), name: w.spec.Name, instance: w.spec.Instance, noun: w.spec.OutcomeNoun, now: w.o.now,
@@ -160,7 +160,7 @@ func (w *Worker) delivery(h *held, cp checkpoint, rev uint64, log zerolog.Logger
 // superseded) in the trace of its publisher, as the CloudEvents tracing
 // extension carries it, with OpenTelemetry's messaging and CloudEvents
 // attributes. The handler gets its context, so outcomes continue it.
-func (w *Worker) startSpan(h *held, operation string) (context.Context, trace.Span) {
+func (w *Runtime) startSpan(h *held, operation string) (context.Context, trace.Span) {
 	return w.tracer.Start(tracing.Extract(w.handlerCtx, h.event), operation+" "+w.consumerName(),
 		trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(tracing.EventAttributes(h.event)...),
@@ -185,7 +185,7 @@ type panicError struct{ msg string }
 func (p *panicError) Error() string { return p.msg }
 
 // call runs the handler and turns a panic into an ordinary failure.
-func (w *Worker) call(ctx context.Context, d *Delivery) (err error) {
+func (w *Runtime) call(ctx context.Context, d *Delivery) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			w.m.panics.Inc()

@@ -44,14 +44,14 @@ func laneOf(typ, key string) string {
 	return kvToken(kind) + "." + kvToken(key)
 }
 
-func (w *Worker) checkpointKey(lane string) string {
+func (w *Runtime) checkpointKey(lane string) string {
 	return "cp." + w.spec.Name + "." + w.spec.Instance + "." + lane
 }
 
 // checkpointFor returns the checkpoint of h's lane and its revision, from
 // the cache when this process wrote or read it last and has seen every
 // delivery since (cached is then true), else from the bucket.
-func (w *Worker) checkpointFor(ctx context.Context, h *held) (cp checkpoint, rev uint64, cached bool, err error) {
+func (w *Runtime) checkpointFor(ctx context.Context, h *held) (cp checkpoint, rev uint64, cached bool, err error) {
 	if c, ok := w.cps.get(h.lane); ok && c.epoch == w.epoch.Load() {
 		return c.cp, c.rev, true, nil
 	}
@@ -59,7 +59,7 @@ func (w *Worker) checkpointFor(ctx context.Context, h *held) (cp checkpoint, rev
 	return cp, rev, false, err
 }
 
-func (w *Worker) getCheckpoint(ctx context.Context, lane string) (checkpoint, uint64, error) {
+func (w *Runtime) getCheckpoint(ctx context.Context, lane string) (checkpoint, uint64, error) {
 	var cp checkpoint
 	epoch := w.epoch.Load()
 	entry, err := w.kv.Get(ctx, w.checkpointKey(lane))
@@ -77,7 +77,7 @@ func (w *Worker) getCheckpoint(ctx context.Context, lane string) (checkpoint, ui
 	return cp, entry.Revision(), nil
 }
 
-func (w *Worker) putCheckpoint(ctx context.Context, lane string, cp checkpoint, rev uint64) (uint64, error) {
+func (w *Runtime) putCheckpoint(ctx context.Context, lane string, cp checkpoint, rev uint64) (uint64, error) {
 	raw, err := json.Marshal(cp)
 	if err != nil {
 		return 0, err
@@ -98,7 +98,7 @@ func (w *Worker) putCheckpoint(ctx context.Context, lane string, cp checkpoint, 
 // superseded or dead-lettered), unless another process already moved it
 // further, so later events of the key never wait for it. cp and rev are
 // what the caller last read or wrote.
-func (w *Worker) markApplied(ctx context.Context, h *held, cp checkpoint, rev uint64) error {
+func (w *Runtime) markApplied(ctx context.Context, h *held, cp checkpoint, rev uint64) error {
 	for range 5 {
 		if cp.Applied >= h.seq {
 			return nil

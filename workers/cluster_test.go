@@ -31,10 +31,10 @@ func TestCompareAndSwapOnAThreeNodeCluster(t *testing.T) {
 
 	// The state document: both create it at once, then both update the
 	// same revision.
-	race := func(put func(w *workers.Worker) error) (wins, conflicts int) {
+	race := func(put func(w *workers.Runtime) error) (wins, conflicts int) {
 		var wg sync.WaitGroup
 		errs := make([]error, 2)
-		for i, w := range []*workers.Worker{a, b} {
+		for i, w := range []*workers.Runtime{a, b} {
 			wg.Add(1)
 			go func() { defer wg.Done(); errs[i] = put(w) }()
 		}
@@ -51,7 +51,7 @@ func TestCompareAndSwapOnAThreeNodeCluster(t *testing.T) {
 		}
 		return wins, conflicts
 	}
-	if w, c := race(func(w *workers.Worker) error {
+	if w, c := race(func(w *workers.Runtime) error {
 		_, err := w.State().Put(ctx, "installed", map[string]string{"by": w.ConsumerName()}, 0)
 		return err
 	}); w != 1 || c != 1 {
@@ -62,7 +62,7 @@ func TestCompareAndSwapOnAThreeNodeCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w, c := race(func(w *workers.Worker) error {
+	if w, c := race(func(w *workers.Runtime) error {
 		_, err := w.State().Put(ctx, "installed", map[string]string{"v": "2"}, rev)
 		return err
 	}); w != 1 || c != 1 {

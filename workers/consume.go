@@ -19,7 +19,7 @@ import (
 // what has not started (and what waits for a retry) so it is redelivered
 // at once, and lets running handlers finish within the shutdown grace
 // before cancelling them.
-func (w *Worker) Run(ctx context.Context) error {
+func (w *Runtime) Run(ctx context.Context) error {
 	if !w.running.CompareAndSwap(false, true) {
 		return fmt.Errorf("worker %s is already running", w.consumerName())
 	}
@@ -75,7 +75,7 @@ func (w *Worker) Run(ctx context.Context) error {
 // serve runs the lanes while the reader (a consumer's iterator, or the
 // stream reader) feeds them, then shuts down as Run says: drain stops the
 // reader, and readerDone closes once it has stopped.
-func (w *Worker) serve(ctx context.Context, readerDone chan struct{}, readErr *error, drain func(), cancelHandlers context.CancelFunc) error {
+func (w *Runtime) serve(ctx context.Context, readerDone chan struct{}, readErr *error, drain func(), cancelHandlers context.CancelFunc) error {
 	hbDone := make(chan struct{})
 	hbStop := make(chan struct{})
 	go w.heartbeats(hbStop, hbDone)
@@ -112,7 +112,7 @@ func (w *Worker) serve(ctx context.Context, readerDone chan struct{}, readErr *e
 }
 
 // accept takes a message from the consumer and queues it behind its key.
-func (w *Worker) accept(msg jetstream.Msg) {
+func (w *Runtime) accept(msg jetstream.Msg) {
 	meta, err := msg.Metadata()
 	if err != nil {
 		w.log.Error().Err(err).Msg("message without JetStream metadata")
@@ -198,7 +198,7 @@ func (w *Worker) accept(msg jetstream.Msg) {
 // check is the runtime's validation: the shared event validation, a type
 // this worker handles, and for keyed subjects a subject that names the
 // event's own key.
-func (w *Worker) check(subject string, e event.Event) error {
+func (w *Runtime) check(subject string, e event.Event) error {
 	if err := events.Validate(e); err != nil {
 		return err
 	}

@@ -51,7 +51,7 @@ func HostBound(spec Spec) bool {
 // would restart from the stream's first event with a new consumer
 // sequence, and storage type cannot be changed in place, so upgrading to
 // it would mean a new consumer). Others inherit the stream's replicas (0).
-func (w *Worker) consumerConfig() jetstream.ConsumerConfig {
+func (w *Runtime) consumerConfig() jetstream.ConsumerConfig {
 	cfg := jetstream.ConsumerConfig{
 		Durable:        w.consumerName(),
 		Description:    "Steward " + w.spec.Name + " worker for " + w.spec.Instance,
@@ -81,7 +81,7 @@ func (w *Worker) consumerConfig() jetstream.ConsumerConfig {
 // updated in place under the same name (an upgrade from R3 to R1 keeps its
 // ack floor and consumer sequence, so nothing is delivered twice or
 // skipped, and the runtime's gap detection keeps a sequence it can trust).
-func (w *Worker) ensureConsumer(ctx context.Context) (jetstream.Consumer, error) {
+func (w *Runtime) ensureConsumer(ctx context.Context) (jetstream.Consumer, error) {
 	want := w.consumerConfig()
 	c, err := w.js.Consumer(ctx, events.StreamEvents, want.Durable)
 	switch {
@@ -99,7 +99,7 @@ func (w *Worker) ensureConsumer(ctx context.Context) (jetstream.Consumer, error)
 
 // consumerError names the limit a refused consumer hit, with the count and
 // the setting that raises it.
-func (w *Worker) consumerError(ctx context.Context, name string, err error) error {
+func (w *Runtime) consumerError(ctx context.Context, name string, err error) error {
 	if errors.Is(err, jetstream.ErrMaximumConsumersLimit) {
 		var info *jetstream.StreamInfo
 		if w.stream != nil {
@@ -130,7 +130,7 @@ func sameConsumer(have, want jetstream.ConsumerConfig) bool {
 // wrapConsumer gives a host-bound instance's pulls the fleet's expiry and
 // heartbeat. The runtime's Messages call (consume.go) sets the batch; this
 // adds what makes an idle instance cheap for the server.
-func (w *Worker) wrapConsumer(c jetstream.Consumer) jetstream.Consumer {
+func (w *Runtime) wrapConsumer(c jetstream.Consumer) jetstream.Consumer {
 	if !HostBound(w.spec) {
 		return c
 	}

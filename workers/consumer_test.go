@@ -41,7 +41,7 @@ func TestHostBoundIsDecidedByTheInstancesOwnSubject(t *testing.T) {
 	}
 }
 
-func newWorker(t *testing.T, js jetstream.JetStream, s workers.Spec, opts ...workers.Option) *workers.Worker {
+func newWorker(t *testing.T, js jetstream.JetStream, s workers.Spec, opts ...workers.Option) *workers.Runtime {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -20,7 +20,7 @@ import (
 // too large to copy is kept by reference. If the DLQ cannot be written, or
 // already holds a different letter under this one's id, the event is kept
 // and redelivered instead: nothing is dropped silently.
-func (w *Worker) deadLetter(h *held, reason error, log zerolog.Logger) string {
+func (w *Runtime) deadLetter(h *held, reason error, log zerolog.Logger) string {
 	msg := elideSecrets(oneLine(reason.Error()))
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.handlerCtx), 10*time.Second)
 	defer cancel()
@@ -81,7 +81,7 @@ var errNotOwnLetter = errors.New("the stored letter is not this event's")
 // if it is the one this worker would write for this event (the same
 // original, digest, kept headers and data): the reason and delivery count
 // may differ between two deliveries of one event.
-func (w *Worker) ownLetter(ctx context.Context, seq uint64, header map[string][]string, data []byte) error {
+func (w *Runtime) ownLetter(ctx context.Context, seq uint64, header map[string][]string, data []byte) error {
 	s, err := w.js.Stream(ctx, events.StreamDLQ)
 	if err != nil {
 		return fmt.Errorf("read back the stored letter: stream %s: %w", events.StreamDLQ, err)
@@ -105,7 +105,7 @@ func (w *Worker) ownLetter(ctx context.Context, seq uint64, header map[string][]
 // the key reads it again, finds this one stored after it and unsettled,
 // and waits for it (order.go) instead of being applied and leaving this
 // one to be skipped when it comes back.
-func (w *Worker) keep(h *held, log zerolog.Logger) string {
+func (w *Runtime) keep(h *held, log zerolog.Logger) string {
 	w.m.dlqFailed.Inc()
 	if h.lane != "" {
 		w.cps.drop(h.lane)
@@ -115,7 +115,7 @@ func (w *Worker) keep(h *held, log zerolog.Logger) string {
 
 // letterLimit is the largest dead letter that can be stored: the server's
 // max payload, or the DLQ's own message size limit when that is smaller.
-func (w *Worker) letterLimit(ctx context.Context) int {
+func (w *Runtime) letterLimit(ctx context.Context) int {
 	limit := 1 << 20
 	if nc := w.js.Conn(); nc != nil && nc.MaxPayload() > 0 {
 		limit = int(nc.MaxPayload())
@@ -131,7 +131,7 @@ func (w *Worker) letterLimit(ctx context.Context) int {
 // nakLater hands an event that could not be settled back to the server for
 // a redelivery after a delay, so a DLQ or bucket that is down is not
 // hammered.
-func (w *Worker) nakLater(h *held, log zerolog.Logger) string {
+func (w *Runtime) nakLater(h *held, log zerolog.Logger) string {
 	if err := h.msg.NakWithDelay(w.o.ackWait); err != nil {
 		log.Warn().Err(err).Msg("nak failed; the event is redelivered after AckWait")
 	}

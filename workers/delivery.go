@@ -122,7 +122,7 @@ func (d *Delivery) LoadStage(v any) (bool, error) {
 // redelivery after a crash resumes there instead of starting over. The
 // write is a compare-and-swap on the checkpoint: if another process has
 // moved the key on meanwhile, SaveStage fails and the handler should stop.
-// A replay (Worker.Replay) saves nothing.
+// A replay (Runtime.Replay) saves nothing.
 func (d *Delivery) SaveStage(ctx context.Context, v any) error {
 	raw, err := json.Marshal(v)
 	if err != nil {
@@ -188,12 +188,12 @@ func (d *Delivery) outcome(outcome string, data any) (event.Event, error) {
 }
 
 // runtimeBackend is the consumer's Backend: outcomes on JetStream, stages
-// in the key's checkpoint. It is the Worker itself under another method
+// in the key's checkpoint. It is the Runtime itself under another method
 // set, so a delivery costs no allocation for it.
-type runtimeBackend Worker
+type runtimeBackend Runtime
 
 func (b *runtimeBackend) Emit(ctx context.Context, e event.Event) error {
-	w := (*Worker)(b)
+	w := (*Runtime)(b)
 	msg, err := events.Encode(w.outcomeSubject(), e)
 	if err != nil {
 		return err
@@ -205,7 +205,7 @@ func (b *runtimeBackend) Emit(ctx context.Context, e event.Event) error {
 func (b *runtimeBackend) SaveStage(ctx context.Context, d *Delivery, stage json.RawMessage) error {
 	next := d.cp
 	next.StageSeq, next.Stage = d.Sequence, stage
-	rev, err := (*Worker)(b).putCheckpoint(ctx, d.lane, next, d.cpRev)
+	rev, err := (*Runtime)(b).putCheckpoint(ctx, d.lane, next, d.cpRev)
 	if err != nil {
 		return err
 	}
@@ -215,10 +215,10 @@ func (b *runtimeBackend) SaveStage(ctx context.Context, d *Delivery, stage json.
 
 func (b *runtimeBackend) State() *State { return b.state }
 
-// replayBackend is Worker.Replay's: outcomes are published as the
+// replayBackend is Runtime.Replay's: outcomes are published as the
 // consumer's are, but no stage is saved, since a replay runs outside the
 // consumer and must not move what the consumer resumes from.
-type replayBackend Worker
+type replayBackend Runtime
 
 func (b *replayBackend) Emit(ctx context.Context, e event.Event) error {
 	return (*runtimeBackend)(b).Emit(ctx, e)

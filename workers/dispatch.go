@@ -7,7 +7,7 @@ import (
 )
 
 // startLane runs a lane that has work and no runner. Callers hold w.mu.
-func (w *Worker) startLane(name string, l *lane) {
+func (w *Runtime) startLane(name string, l *lane) {
 	if l.running || len(l.queue) == 0 || w.stopping.Load() {
 		return
 	}
@@ -21,7 +21,7 @@ func (w *Worker) startLane(name string, l *lane) {
 // keeps its place while it waits (without a concurrency slot); under a
 // latest-wins Spec, a newer verified event that joins the lane meanwhile
 // supersedes it at once.
-func (w *Worker) runLane(name string, l *lane) {
+func (w *Runtime) runLane(name string, l *lane) {
 	defer w.tasks.Done()
 	for {
 		w.mu.Lock()
@@ -104,7 +104,7 @@ func (w *Worker) runLane(name string, l *lane) {
 
 // settleSuperseded settles h as superseded, or puts it back to be tried
 // again when the settling could not be recorded.
-func (w *Worker) settleSuperseded(l *lane, h *held, byID string, bySeq uint64) {
+func (w *Runtime) settleSuperseded(l *lane, h *held, byID string, bySeq uint64) {
 	if !w.supersede(h, byID, bySeq) {
 		w.requeue(l, h, nil)
 		return
@@ -114,7 +114,7 @@ func (w *Worker) settleSuperseded(l *lane, h *held, byID string, bySeq uint64) {
 
 // waitRetry waits for the head's retry time, a newer event of the key, or
 // the worker stopping, whichever comes first.
-func (w *Worker) waitRetry(l *lane, wait time.Duration) {
+func (w *Runtime) waitRetry(l *lane, wait time.Duration) {
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
@@ -127,7 +127,7 @@ func (w *Worker) waitRetry(l *lane, wait time.Duration) {
 // requeue puts h back at its place in the lane to be tried again after the
 // next interval of its backoff; err (nil for a settling step that failed)
 // is what the status document shows.
-func (w *Worker) requeue(l *lane, h *held, err error) {
+func (w *Runtime) requeue(l *lane, h *held, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	now := w.now()
@@ -150,7 +150,7 @@ func (w *Worker) requeue(l *lane, h *held, err error) {
 // rankAll asks the Spec's Rank for each event's place in its key's order,
 // outside the lock (it verifies signatures); an event that does not verify
 // is unranked and supersedes nothing.
-func (w *Worker) rankAll(todo []*held) {
+func (w *Runtime) rankAll(todo []*held) {
 	type ranked struct {
 		rank uint64
 		ok   bool
@@ -168,14 +168,14 @@ func (w *Worker) rankAll(todo []*held) {
 	}
 }
 
-func (w *Worker) hold(h *held) {
+func (w *Runtime) hold(h *held) {
 	w.mu.Lock()
 	w.held[h.seq] = h
 	w.mu.Unlock()
 	w.m.inFlight.Inc()
 }
 
-func (w *Worker) unhold(h *held) {
+func (w *Runtime) unhold(h *held) {
 	w.mu.Lock()
 	cur, ok := w.held[h.seq]
 	if ok && cur == h {
@@ -190,7 +190,7 @@ func (w *Worker) unhold(h *held) {
 // releaseQueued naks every queued event that has not started (those
 // waiting for a retry included), so that a stopping worker hands them back
 // for immediate redelivery.
-func (w *Worker) releaseQueued() {
+func (w *Runtime) releaseQueued() {
 	w.mu.Lock()
 	var queued []*held
 	for name, l := range w.lanes {
@@ -207,7 +207,7 @@ func (w *Worker) releaseQueued() {
 	}
 }
 
-func (w *Worker) release(h *held) {
+func (w *Runtime) release(h *held) {
 	if err := h.msg.Nak(); err != nil {
 		w.log.Debug().Err(err).Uint64("seq", h.seq).Msg("nak at shutdown failed; the event is redelivered after AckWait")
 	}

@@ -12,7 +12,7 @@ import (
 // waiting for an earlier event that did not come back in time, and
 // publishes the status of retrying and waiting keys. It returns once the
 // worker has stopped and every lane and confirmation is done.
-func (w *Worker) heartbeats(stop <-chan struct{}, done chan<- struct{}) {
+func (w *Runtime) heartbeats(stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
 	t := time.NewTicker(w.o.heartbeat)
 	defer t.Stop()

@@ -64,7 +64,7 @@ func BackoffUpTo(limit time.Duration) func() backoff.BackOff {
 	}
 }
 
-// Option tunes a Worker.
+// Option tunes a Runtime.
 type Option func(*options)
 
 // WithAckWait sets how long the server waits for an ack before it

@@ -27,7 +27,7 @@ const maxOrderScan = 64
 // the consumer sequence (deliveries went elsewhere), and for redeliveries.
 // A process that has seen every delivery since it last settled the key
 // holds every earlier event of it itself, and the lane orders those.
-func (w *Worker) earlierUnsettled(ctx context.Context, h *held, applied uint64) (uint64, error) {
+func (w *Runtime) earlierUnsettled(ctx context.Context, h *held, applied uint64) (uint64, error) {
 	seq := applied + 1
 	for range maxOrderScan {
 		if seq >= h.seq {
@@ -57,7 +57,7 @@ func (w *Worker) earlierUnsettled(ctx context.Context, h *held, applied uint64) 
 // orderWait is how long an event waits behind an earlier one of its key
 // that another process holds: long enough for that process's deliveries to
 // run out of the crash-loop bound, after which it would never come back.
-func (w *Worker) orderWait() time.Duration {
+func (w *Runtime) orderWait() time.Duration {
 	return w.o.ackWait*time.Duration(w.o.maxDeliver) + time.Minute
 }
 
@@ -69,7 +69,7 @@ func (w *Worker) orderWait() time.Duration {
 // of one key apply its newest event once, and what ends a retrying event's
 // attempts when a newer one exists anywhere. It returns the newer event's
 // id and sequence, or ok false.
-func (w *Worker) newerStored(ctx context.Context, h *held) (id string, seq uint64, ok bool) {
+func (w *Runtime) newerStored(ctx context.Context, h *held) (id string, seq uint64, ok bool) {
 	m, err := w.stream.GetLastMsgForSubject(ctx, h.msg.Subject())
 	if err != nil || m.Sequence <= h.seq {
 		return "", 0, false

@@ -71,7 +71,7 @@ type cursorDoc struct {
 
 // cursorKey is where an instance's cursor is kept: a checkpoint key, so
 // whoever may write the instance's checkpoints may write it.
-func (w *Worker) cursorKey() string { return "cp." + w.spec.Name + "." + w.spec.Instance + "._cursor" }
+func (w *Runtime) cursorKey() string { return "cp." + w.spec.Name + "." + w.spec.Instance + "._cursor" }
 
 // ControlSubject is where an operator's tools tell a stream-reading
 // instance to look again at once (after a pause ends, say). The message's
@@ -183,7 +183,7 @@ func (r *reader) signal() {
 // runReader reads the instance's subjects from the stream until ctx ends:
 // at start, whenever a subscription says something was stored on them, on
 // a reconnect, and every resync interval.
-func (w *Worker) runReader(ctx context.Context) error {
+func (w *Runtime) runReader(ctx context.Context) error {
 	r := w.reader
 	nc := w.js.Conn()
 	// The stream's stored notices say an event is there to read. A stream
@@ -310,7 +310,7 @@ func (w *Worker) runReader(ctx context.Context) error {
 
 // scan reads every event stored on the instance's subjects after what was
 // read, and hands each to the lanes as a delivery would be.
-func (w *Worker) scan(ctx context.Context) error {
+func (w *Runtime) scan(ctx context.Context) error {
 	r := w.reader
 	for _, subj := range w.spec.Subjects {
 		for {
@@ -340,7 +340,7 @@ func (w *Worker) scan(ctx context.Context) error {
 // ReadConsumer starts after its old consumer's ack floor (everything at or
 // below it was settled), and a new one at the start of the stream (the
 // checkpoints skip what was already applied).
-func (w *Worker) loadCursor(ctx context.Context) error {
+func (w *Runtime) loadCursor(ctx context.Context) error {
 	r := w.reader
 	entry, err := w.kv.Get(ctx, w.cursorKey())
 	switch {
@@ -369,7 +369,7 @@ func (w *Worker) loadCursor(ctx context.Context) error {
 // then the consumer is deleted, once, so it stops costing the server.
 // Events after the floor are read again; those applied and not acked are
 // skipped by their checkpoints, so nothing is lost or applied twice.
-func (w *Worker) adoptConsumer(ctx context.Context) error {
+func (w *Runtime) adoptConsumer(ctx context.Context) error {
 	c, err := w.js.Consumer(ctx, events.StreamEvents, w.consumerName())
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil
@@ -396,13 +396,13 @@ func (w *Worker) adoptConsumer(ctx context.Context) error {
 
 // saveCursor writes the cursor when it moved; a failure is logged and the
 // next save tries again (an old cursor only means reading more again).
-func (w *Worker) saveCursor(ctx context.Context) {
+func (w *Runtime) saveCursor(ctx context.Context) {
 	if err := w.saveCursorNow(ctx); err != nil {
 		w.log.Debug().Err(err).Msg("cursor not saved; it is saved again later")
 	}
 }
 
-func (w *Worker) saveCursorNow(ctx context.Context) error {
+func (w *Runtime) saveCursorNow(ctx context.Context) error {
 	r := w.reader
 	r.mu.Lock()
 	c := r.cursor()
@@ -460,7 +460,7 @@ func (r *reader) released(seq uint64) {
 // by reading again.
 type storedMsg struct {
 	raw *jetstream.RawStreamMsg
-	w   *Worker
+	w   *Runtime
 }
 
 func (m *storedMsg) Metadata() (*jetstream.MsgMetadata, error) {

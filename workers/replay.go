@@ -86,7 +86,7 @@ type ReplayResult struct {
 // consumer. Unlike New it creates nothing: no stream, no bucket and no
 // durable consumer, so a replay (and above all a dry run) leaves no state
 // behind on the server.
-type Replayer struct{ w *Worker }
+type Replayer struct{ w *Runtime }
 
 // NewReplayer checks spec and returns a Replayer of h. It only looks the
 // checkpoint bucket up, for the handler's State; a replay that handles
@@ -108,7 +108,7 @@ func NewReplayer(ctx context.Context, js jetstream.JetStream, spec Spec, h Handl
 	if spec.OrderKey == nil {
 		spec.OrderKey = func(e event.Event) string { return e.Subject() }
 	}
-	w := &Worker{js: js, spec: spec, handler: h, o: o, m: newMetrics(o.registerer).forInstance(spec.Name, spec.Instance)}
+	w := &Runtime{js: js, spec: spec, handler: h, o: o, m: newMetrics(o.registerer).forInstance(spec.Name, spec.Instance)}
 	w.log = o.logger.With().Str("worker", spec.Name).Str("instance", spec.Instance).Logger()
 	kv, err := js.KeyValue(ctx, CheckpointBucket)
 	switch {
@@ -151,12 +151,12 @@ func (r *Replayer) Replay(ctx context.Context, from ReplayFrom, dryRun bool, tot
 	return r.w.replay(ctx, from, dryRun, total, fn)
 }
 
-// Replay is Replayer.Replay for a Worker New made.
-func (w *Worker) Replay(ctx context.Context, from ReplayFrom, dryRun bool, fn func(ReplayResult)) error {
+// Replay is Replayer.Replay for a Runtime New made.
+func (w *Runtime) Replay(ctx context.Context, from ReplayFrom, dryRun bool, fn func(ReplayResult)) error {
 	return w.replay(ctx, from, dryRun, nil, fn)
 }
 
-func (w *Worker) replay(ctx context.Context, from ReplayFrom, dryRun bool, total func(uint64), fn func(ReplayResult)) error {
+func (w *Runtime) replay(ctx context.Context, from ReplayFrom, dryRun bool, total func(uint64), fn func(ReplayResult)) error {
 	r := streamread.Range{Stream: events.StreamEvents, Subjects: w.spec.Subjects, StartSeq: from.Sequence, Total: total}
 	if from.Sequence == 0 {
 		r.StartTime = from.Time
@@ -216,7 +216,7 @@ func replayVerdict(err error, outcomes []string) string {
 
 // replayRun is one replay: the id its outcomes are marked with.
 type replayRun struct {
-	w  *Worker
+	w  *Runtime
 	id string
 }
 

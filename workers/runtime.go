@@ -19,14 +19,14 @@ import (
 	"github.com/steward-dev/steward/internal/tracing"
 )
 
-// Worker is the runtime of one worker instance: it runs one Handler over
+// Runtime is the runtime of one worker instance: it runs one Handler over
 // one durable consumer. The files of this package each hold one part of
 // it: consume.go pulls and accepts, lane.go is the per-key queue,
 // dispatch.go runs lanes, apply.go runs one delivery, order.go guards the
 // key's order across processes, settle.go acks, retries, supersedes and
 // dead-letters, checkpoint.go keeps progress, heartbeat.go keeps held
 // messages alive and status.go publishes what is retrying.
-type Worker struct {
+type Runtime struct {
 	js       jetstream.JetStream
 	spec     Spec
 	handler  Handler
@@ -115,9 +115,9 @@ type held struct {
 }
 
 // New checks spec, ensures the streams, the checkpoint bucket and the
-// worker's durable consumer (idempotently), and returns a Worker ready to
+// worker's durable consumer (idempotently), and returns a Runtime ready to
 // Run.
-func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts ...Option) (*Worker, error) {
+func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts ...Option) (*Runtime, error) {
 	o := defaultOptions()
 	for _, opt := range opts {
 		opt(&o)
@@ -137,7 +137,7 @@ func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts
 	if spec.OrderKey == nil {
 		spec.OrderKey = func(e event.Event) string { return e.Subject() }
 	}
-	w := &Worker{
+	w := &Runtime{
 		js: js, spec: spec, handler: h, o: o,
 		lanes: map[string]*lane{},
 		held:  map[uint64]*held{},
@@ -203,25 +203,25 @@ func checkSpec(spec Spec, o options) error {
 	return nil
 }
 
-func (w *Worker) consumerName() string { return w.spec.Name + "-" + w.spec.Instance }
+func (w *Runtime) consumerName() string { return w.spec.Name + "-" + w.spec.Instance }
 
-func (w *Worker) outcomeSubject() string { return events.OutcomeSubject(w.spec.Name, w.spec.Instance) }
+func (w *Runtime) outcomeSubject() string { return events.OutcomeSubject(w.spec.Name, w.spec.Instance) }
 
-func (w *Worker) dlqSubject() string { return events.DLQSubject(w.spec.Name, w.spec.Instance) }
+func (w *Runtime) dlqSubject() string { return events.DLQSubject(w.spec.Name, w.spec.Instance) }
 
-func (w *Worker) now() time.Time { return w.o.now() }
+func (w *Runtime) now() time.Time { return w.o.now() }
 
 // Spec returns what the worker consumes.
-func (w *Worker) Spec() Spec { return w.spec }
+func (w *Runtime) Spec() Spec { return w.spec }
 
 // ConsumerName is the durable consumer's name, "<name>-<instance>".
-func (w *Worker) ConsumerName() string { return w.consumerName() }
+func (w *Runtime) ConsumerName() string { return w.consumerName() }
 
 // State is the worker instance's durable state.
-func (w *Worker) State() *State { return w.state }
+func (w *Runtime) State() *State { return w.state }
 
 // Ready reports nil while the worker is consuming and connected.
-func (w *Worker) Ready() error {
+func (w *Runtime) Ready() error {
 	if !w.running.Load() || w.stopping.Load() {
 		return fmt.Errorf("worker %s is not consuming", w.consumerName())
 	}

@@ -14,7 +14,7 @@ import (
 // ack confirms a settled event. The checkpoint already says it is settled,
 // so the lane goes on at once and the confirmation completes on its own: a
 // lost ack only means a redelivery, which the checkpoint skips.
-func (w *Worker) ack(h *held, result string, log zerolog.Logger) {
+func (w *Runtime) ack(h *held, result string, log zerolog.Logger) {
 	w.m.count(result)
 	w.acks.Add(1)
 	go func() {
@@ -35,7 +35,7 @@ func (w *Worker) ack(h *held, result string, log zerolog.Logger) {
 // because the event byID at sequence bySeq is newer by the worker's own
 // verified ordering: the checkpoint, an outcome, the ack. It reports false
 // when the checkpoint could not be written, and then h is tried again.
-func (w *Worker) supersede(h *held, byID string, bySeq uint64) bool {
+func (w *Runtime) supersede(h *held, byID string, bySeq uint64) bool {
 	ctx, span := w.startSpan(h, "supersede")
 	defer span.End()
 	span.SetAttributes(attribute.String("steward.result", resultSuperseded), attribute.String("steward.superseded_by", byID))

@@ -68,7 +68,7 @@ func ReadStatus(ctx context.Context, s *State, worker, instance string) (Status,
 }
 
 // snapshot is the worker's current status, keys in order.
-func (w *Worker) snapshot() Status {
+func (w *Runtime) snapshot() Status {
 	st := Status{Worker: w.spec.Name, Instance: w.spec.Instance, Process: processName(), UpdatedAt: w.now().UTC(),
 		Retrying: []RetryingKey{}, Waiting: []WaitingKey{}}
 	w.mu.Lock()
@@ -95,7 +95,7 @@ func (w *Worker) snapshot() Status {
 // publishStatus writes the status document when it says something new, and
 // the gauges every time. The last one, at shutdown, says the process
 // stopped.
-func (w *Worker) publishStatus(final bool) {
+func (w *Runtime) publishStatus(final bool) {
 	st := w.snapshot()
 	st.Stopped = final
 	w.m.retrying.Set(float64(len(st.Retrying)))
@@ -133,7 +133,7 @@ func processName() string {
 }
 
 // oldestHeld is the age in seconds of the oldest event held unsettled.
-func (w *Worker) oldestHeld() float64 {
+func (w *Runtime) oldestHeld() float64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var oldest time.Time

@@ -187,7 +187,7 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, o 
 	}
 	defer pubNC.Close()
 	reg := newRegistry()
-	var running []*workers.Worker
+	var running []*workers.Runtime
 	var mu sync.Mutex
 	ready := func() error {
 		if !pubNC.IsConnected() {
@@ -236,7 +236,7 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, o 
 	}()
 	for _, k := range kinds {
 		h, lines, err := devHandler(ctx, k, dir, pg)
-		var w *workers.Worker
+		var w *workers.Runtime
 		if err == nil {
 			// Each worker instance connects as itself.
 			var wnc *nats.Conn
@@ -311,7 +311,7 @@ func (c devCreds) write(id natsauth.Identity) (string, error) {
 
 // startWorker connects as h's instance, with credentials scoped to it, and
 // makes its runtime.
-func (c devCreds) startWorker(ctx context.Context, g *globals, rf *runtimeFlags, reg *prometheus.Registry, h handler) (*nats.Conn, *workers.Worker, error) {
+func (c devCreds) startWorker(ctx context.Context, g *globals, rf *runtimeFlags, reg *prometheus.Registry, h handler) (*nats.Conn, *workers.Runtime, error) {
 	spec := h.Spec()
 	id, err := natsauth.Worker(spec.Name, spec.Instance)
 	if err != nil {

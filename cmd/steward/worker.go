@@ -111,7 +111,7 @@ func runWorker(ctx context.Context, g *globals, rf *runtimeFlags, name string, h
 	}
 	defer nc.Close()
 	reg := newRegistry()
-	var w *workers.Worker
+	var w *workers.Runtime
 	err = g.retry(ctx, name+" worker: streams or consumer not ready yet", func() error {
 		w, err = workers.New(ctx, js, h.Spec(), h, rf.options(g, reg)...)
 		if errors.Is(err, workers.ErrInvalidSpec) {

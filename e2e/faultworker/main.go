@@ -172,7 +172,7 @@ func run() error {
 	}
 	// The server may be mid-restart or electing a leader: keep trying to
 	// set up until told to stop, as a supervised worker would be restarted.
-	var w *workers.Worker
+	var w *workers.Runtime
 	for {
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		w, err = workers.New(sctx, js, spec, h, opts...)

@@ -211,7 +211,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	runCtx, stopAll := context.WithCancel(context.Background())
 	var running sync.WaitGroup
 	defer func() { stopAll(); running.Wait() }()
-	ws := make([]*workers.Worker, o.Instances)
+	ws := make([]*workers.Runtime, o.Instances)
 	startAt := time.Now()
 	sctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()

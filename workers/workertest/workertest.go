@@ -167,7 +167,7 @@ func PublishFile(t testing.TB, js jetstream.JetStream, path string) []publisher.
 
 // Running is a worker running in the background of a test.
 type Running struct {
-	*workers.Worker
+	*workers.Runtime
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -182,7 +182,7 @@ func Start(t testing.TB, js jetstream.JetStream, spec workers.Spec, h workers.Ha
 		t.Fatalf("worker %s: %v", spec.Name, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Running{Worker: w, cancel: cancel, done: make(chan error, 1)}
+	r := &Running{Runtime: w, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- w.Run(ctx) }()
 	WaitUntil(t, "worker "+w.ConsumerName()+" is ready", func() bool { return w.Ready() == nil })
 	t.Cleanup(func() { r.Stop() })
