@@ -28,6 +28,11 @@ func TestCompareAndSwapOnAThreeNodeCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for _, w := range []*workers.Runtime{a, b} {
+		if err := w.Ensure(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	// The state document: both create it at once, then both update the
 	// same revision.

@@ -24,6 +24,11 @@ func (w *Runtime) Run(ctx context.Context) error {
 		return fmt.Errorf("worker %s is already running", w.consumerName())
 	}
 	defer w.running.Store(false)
+	if err := w.Ensure(ctx); err != nil {
+		return err
+	}
+	w.consuming.Store(true)
+	defer w.consuming.Store(false)
 	w.stopping.Store(false)
 	w.stop = make(chan struct{})
 	hctx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))

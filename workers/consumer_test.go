@@ -50,6 +50,10 @@ func newWorker(t *testing.T, js jetstream.JetStream, s workers.Spec, opts ...wor
 	if err != nil {
 		t.Fatal(err)
 	}
+	// New creates nothing; Ensure makes the consumer as Run would.
+	if err := w.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
 	return w
 }
 
@@ -115,8 +119,12 @@ func TestConsumerLimitIsNamed(t *testing.T) {
 	}
 	newWorker(t, js, hostSpec("hive-1"))
 	newWorker(t, js, hostSpec("hive-2"))
-	_, err := workers.New(ctx, js, hostSpec("hive-3"), workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }),
+	third, err := workers.New(ctx, js, hostSpec("hive-3"), workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }),
 		workers.WithRegisterer(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = third.Ensure(ctx)
 	var le *events.LimitError
 	if !errors.As(err, &le) {
 		t.Fatalf("third instance: %v, want a LimitError", err)
@@ -158,5 +166,29 @@ func TestWorkerStartKeepsOperatorLimits(t *testing.T) {
 	}
 	if got := st.(*jetstream.KeyValueBucketStatus).StreamInfo().Config.MaxBytes; got != 77<<20 {
 		t.Errorf("checkpoint max bytes %d after a worker started, want the operator's %d", got, 77<<20)
+	}
+}
+
+// New only checks: a runtime that is built and never run leaves nothing on
+// the server (a dry run, a test that builds one to read its Spec).
+func TestNewCreatesNothingOnTheServer(t *testing.T) {
+	srv := workertest.StartServer(t)
+	nc := srv.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := workers.New(ctx, js, hostSpec("hive-n"), workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }),
+		workers.WithRegisterer(prometheus.NewRegistry())); err != nil {
+		t.Fatal(err)
+	}
+	names := js.StreamNames(ctx)
+	var found []string
+	for n := range names.Name() {
+		found = append(found, n)
+	}
+	if len(found) != 0 {
+		t.Fatalf("New created %v on the server; it must create nothing until the worker runs", found)
 	}
 }

@@ -61,6 +61,12 @@ type Runtime struct {
 	lastConsumerSeq uint64
 	epoch           atomic.Uint64
 
+	// ensured says Ensure has made what the instance needs on the server.
+	ensureMu sync.Mutex
+	ensured  bool
+	// consuming is set while Run serves, after Ensure.
+	consuming atomic.Bool
+
 	// reader is set under ReadStream: the instance reads its subjects
 	// from the stream, with no consumer (reader.go).
 	reader *reader
@@ -114,9 +120,8 @@ type held struct {
 	checkedAt uint64
 }
 
-// New checks spec, ensures the streams, the checkpoint bucket and the
-// worker's durable consumer (idempotently), and returns a Runtime ready to
-// Run.
+// New checks spec and the options and returns a Runtime ready to Run. It
+// creates nothing on the server: Run (through Ensure) does.
 func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts ...Option) (*Runtime, error) {
 	o := defaultOptions()
 	for _, opt := range opts {
@@ -153,15 +158,10 @@ func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts
 	}
 	w.tracer = tp.Tracer(tracing.Scope)
 
-	kv, err := ensureBus(ctx, js, o.replicas)
-	if err != nil {
-		return nil, err
-	}
-	w.kv = kv
-	w.state = &State{kv: kv, prefix: "st." + spec.Name + "." + spec.Instance + "."}
-	if w.stream, err = js.Stream(ctx, events.StreamEvents); err != nil {
-		return nil, fmt.Errorf("stream %s: %w", events.StreamEvents, err)
-	}
+	// Nothing is created here: New only checks, so a dry run or a test
+	// that builds a runtime and never runs it leaves no server state.
+	// Ensure (called by Run) creates what is missing.
+	w.state = &State{js: js, prefix: "st." + spec.Name + "." + spec.Instance + "."}
 	if o.readMode == ReadStream {
 		w.reader = &reader{scanned: map[string]uint64{}, pending: map[uint64]string{}, wake: make(chan struct{}, 1), save: make(chan struct{}, 1)}
 		for _, subj := range spec.Subjects {
@@ -169,12 +169,37 @@ func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts
 			// is settled can be told for each (Settled).
 			w.reader.scanned[subj] = 0
 		}
-		return w, nil
-	}
-	if w.consumer, err = w.ensureConsumer(ctx); err != nil {
-		return nil, err
 	}
 	return w, nil
+}
+
+// Ensure makes sure what the instance needs on the server exists: the
+// streams and the checkpoint bucket (created when missing, an operator's
+// limits left alone) and, unless it reads the stream itself, its durable
+// consumer. Run calls it first; call it yourself to prepare an instance
+// without running it. It is idempotent.
+func (w *Runtime) Ensure(ctx context.Context) error {
+	w.ensureMu.Lock()
+	defer w.ensureMu.Unlock()
+	if w.ensured {
+		return nil
+	}
+	kv, err := ensureBus(ctx, w.js, w.o.replicas)
+	if err != nil {
+		return err
+	}
+	stream, err := w.js.Stream(ctx, events.StreamEvents)
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", events.StreamEvents, err)
+	}
+	w.kv, w.stream = kv, stream
+	if w.reader == nil {
+		if w.consumer, err = w.ensureConsumer(ctx); err != nil {
+			return err
+		}
+	}
+	w.ensured = true
+	return nil
 }
 
 // ErrInvalidSpec marks a Spec or options New refuses: no retry fixes it.
@@ -222,7 +247,7 @@ func (w *Runtime) State() *State { return w.state }
 
 // Ready reports nil while the worker is consuming and connected.
 func (w *Runtime) Ready() error {
-	if !w.running.Load() || w.stopping.Load() {
+	if !w.consuming.Load() || w.stopping.Load() {
 		return fmt.Errorf("worker %s is not consuming", w.consumerName())
 	}
 	if nc := w.js.Conn(); nc != nil && !nc.IsConnected() {

@@ -44,6 +44,10 @@ func casPut(ctx context.Context, kv jetstream.KeyValue, key string, value []byte
 type State struct {
 	kv     jetstream.KeyValue
 	prefix string
+	// js finds the bucket on first use when kv is not set: a runtime's
+	// State exists before Run has ensured the bucket.
+	js     jetstream.JetStream
+	bindMu sync.Mutex
 	// mem, when set, holds the documents instead of kv.
 	mem *memStore
 }
@@ -76,7 +80,11 @@ func (s *State) Get(ctx context.Context, name string, v any) (uint64, error) {
 	if s.mem != nil {
 		raw, rev = s.mem.get(k)
 	} else {
-		entry, err := s.kv.Get(ctx, k)
+		kv, err := s.bucket(ctx)
+		if err != nil {
+			return 0, err
+		}
+		entry, err := kv.Get(ctx, k)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			return 0, nil
 		}
@@ -110,7 +118,11 @@ func (s *State) Put(ctx context.Context, name string, v any, rev uint64) (uint64
 	if s.mem != nil {
 		next, err = s.mem.put(k, raw, rev)
 	} else {
-		next, err = casPut(ctx, s.kv, k, raw, rev)
+		var kv jetstream.KeyValue
+		if kv, err = s.bucket(ctx); err != nil {
+			return 0, err
+		}
+		next, err = casPut(ctx, kv, k, raw, rev)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("write state %s: %w", name, err)
@@ -130,13 +142,17 @@ func (s *State) Documents(ctx context.Context) (map[string]json.RawMessage, erro
 		}
 		return out, nil
 	}
-	keys, err := s.kv.ListKeysFiltered(ctx, s.prefix+">")
+	kv, err := s.bucket(ctx)
+	if err != nil {
+		return nil, err
+	}
+	keys, err := kv.ListKeysFiltered(ctx, s.prefix+">")
 	if err != nil {
 		return nil, fmt.Errorf("list state: %w", err)
 	}
 	defer keys.Stop()
 	for k := range keys.Keys() {
-		entry, err := s.kv.Get(ctx, k)
+		entry, err := kv.Get(ctx, k)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			continue // deleted meanwhile
 		}
@@ -183,3 +199,21 @@ func (m *memStore) put(key string, value []byte, rev uint64) (uint64, error) {
 }
 
 func isNotFound(err error) bool { return errors.Is(err, jetstream.ErrKeyNotFound) }
+
+// bucket is the KV bucket the documents are in, found on first use.
+func (s *State) bucket(ctx context.Context) (jetstream.KeyValue, error) {
+	s.bindMu.Lock()
+	defer s.bindMu.Unlock()
+	if s.kv != nil {
+		return s.kv, nil
+	}
+	if s.js == nil {
+		return nil, fmt.Errorf("state %s has no bucket", strings.TrimSuffix(s.prefix, "."))
+	}
+	kv, err := s.js.KeyValue(ctx, CheckpointBucket)
+	if err != nil {
+		return nil, fmt.Errorf("the checkpoint bucket %s: %w (a worker creates it when it runs; steward setup creates it for all)", CheckpointBucket, err)
+	}
+	s.kv = kv
+	return kv, nil
+}

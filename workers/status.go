@@ -54,7 +54,11 @@ func StatusKey(worker, instance string) string { return "rt." + worker + "." + i
 // (nothing ever retried) is reported as false.
 func ReadStatus(ctx context.Context, s *State, worker, instance string) (Status, bool, error) {
 	var st Status
-	entry, err := s.kv.Get(ctx, StatusKey(worker, instance))
+	kv, err := s.bucket(ctx)
+	if err != nil {
+		return st, false, err
+	}
+	entry, err := kv.Get(ctx, StatusKey(worker, instance))
 	if err != nil {
 		if isNotFound(err) {
 			return st, false, nil

@@ -183,8 +183,22 @@ func Start(t testing.TB, js jetstream.JetStream, spec workers.Spec, h workers.Ha
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Running{Runtime: w, cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- w.Run(ctx) }()
-	WaitUntil(t, "worker "+w.ConsumerName()+" is ready", func() bool { return w.Ready() == nil })
+	started := make(chan error, 1)
+	go func() {
+		err := w.Run(ctx)
+		started <- err
+		r.done <- err
+	}()
+	// Run ensures the streams, the bucket and the consumer first: a
+	// failure there ends Run at once, and the test hears why.
+	WaitUntil(t, "worker "+w.ConsumerName()+" is ready", func() bool {
+		select {
+		case err := <-started:
+			t.Fatalf("worker %s stopped before it was ready: %v", w.ConsumerName(), err)
+		default:
+		}
+		return w.Ready() == nil
+	})
 	t.Cleanup(func() { r.Stop() })
 	return r
 }
