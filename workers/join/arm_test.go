@@ -49,6 +49,9 @@ func TestArmCommandTimeout(t *testing.T) {
 	f.cfg.ArmTimeout = 500 * time.Millisecond
 	h, r := f.startRecording(js)
 	f.publishFloor(js, f.floor("1.0.0"))
+	// The floor and the invitation are different keys, handled side by
+	// side: the floor is kept first, so the only failures are timeouts.
+	waitOutcomes(t, js, "box-h", join.OutcomeFloorAccepted, 1)
 	ack := f.publishInvitation(js, f.sign(f.invitation()))
 
 	waitOutcomes(t, js, "box-h", join.OutcomeArmed, 1)
