@@ -111,8 +111,9 @@ func (w *Runtime) apply(ctx context.Context, h *held, log zerolog.Logger) (strin
 	// key (a start, a gap in the consumer sequence), or if this is a
 	// redelivery; otherwise the scan is skipped (order.go).
 	// The stream reader reads every event of its subjects itself, in
-	// order, so none can be held elsewhere.
-	if w.reader == nil && (!cached || h.delivered > 1) {
+	// order, so none can be held elsewhere. An event that already waited
+	// behind one looks again, whatever the cache says.
+	if w.reader == nil && (!cached || h.delivered > 1 || !h.deferredSince.IsZero()) {
 		behind, err := w.earlierUnsettled(ctx, h, cp.Applied)
 		if err != nil {
 			return "", 0, err

@@ -214,16 +214,3 @@ func (b *runtimeBackend) SaveStage(ctx context.Context, d *Delivery, stage json.
 }
 
 func (b *runtimeBackend) State() *State { return b.state }
-
-// replayBackend is Runtime.Replay's: outcomes are published as the
-// consumer's are, but no stage is saved, since a replay runs outside the
-// consumer and must not move what the consumer resumes from.
-type replayBackend Runtime
-
-func (b *replayBackend) Emit(ctx context.Context, e event.Event) error {
-	return (*runtimeBackend)(b).Emit(ctx, e)
-}
-
-func (b *replayBackend) SaveStage(context.Context, *Delivery, json.RawMessage) error { return nil }
-
-func (b *replayBackend) State() *State { return b.state }

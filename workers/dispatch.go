@@ -90,8 +90,11 @@ func (w *Runtime) runLane(name string, l *lane) {
 			w.mu.Lock()
 			l.insert(h)
 			if l.queue[0] == h {
+				// Looked at again every heartbeat: the earlier event
+				// may settle elsewhere (applied, or dead-lettered by
+				// another process) without coming back here.
 				l.waitFor = v.behind
-				l.waitUntil = w.now().Add(w.o.ackWait)
+				l.waitUntil = w.now().Add(w.o.heartbeat)
 			}
 			w.mu.Unlock()
 		case v.retry != nil:
