@@ -26,30 +26,10 @@ func TestFaultPostgresDownForMinutes(t *testing.T) {
 		}
 		outage = d
 	}
-	pg := startPostgres(t)
-	n := startNATS(t, "n1")
-	b := connect(t, n.url())
-	b.ensureStreams(t, 1)
-	keys := t.TempDir()
-	recipient := recipientOf(t, makeKey(t, keys, "age", "machine"))
-	controllerPub := makeKey(t, keys, "controller", "controller")
-	signingKey := keys + "/controller.key"
-	w := startWorker(t, "provision", map[string]string{
-		"STEWARD_NATS_URL":       n.url(),
-		"STEWARD_MACHINE":        machine,
-		"STEWARD_CONTROLLER_KEY": controllerPub,
-		"STEWARD_AGE_IDENTITY":   keys + "/machine.key",
-		"STEWARD_DATABASE_URL":   pg.url("postgres"),
-		// An operator's cap on the wait between attempts; the delivery
-		// budget stays the default.
-		"STEWARD_MAX_BACKOFF": "10s",
-	})
-
-	g1 := grant(t, signingKey, recipient, machine, 1, "orders")
-	b.publish(t, g1)
-	if o := waitOutcome(t, b, "provision", machine, g1.ID(), time.Minute); o.Type() != "dev.steward.grant.applied.v1" {
-		t.Fatalf("generation 1: outcome %s (%s); want applied", o.Type(), o.Data())
-	}
+	// An operator's cap on the wait between attempts; the delivery
+	// budget stays the default.
+	f := startProvisionFault(t, machine, map[string]string{"STEWARD_MAX_BACKOFF": "10s"})
+	pg, b, w, signingKey, recipient := f.pg, f.b, f.w, f.signingKey, f.recipient
 
 	pg.stop(t)
 	stopped := time.Now()

@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -43,6 +44,47 @@ func grant(t testing.TB, signingKey, recipient, machine string, gen uint64, node
 	return e
 }
 
+// provisionFault is a provision worker on its own NATS and private
+// PostgreSQL, with generation 1 of machine's grant applied.
+type provisionFault struct {
+	pg         *postgres
+	b          *bus
+	w          *stewardService
+	signingKey string
+	recipient  string
+}
+
+// startProvisionFault starts the worker with env added to its settings,
+// publishes generation 1 (one consumer, "orders") and waits until it is
+// applied.
+func startProvisionFault(t *testing.T, machine string, env map[string]string) *provisionFault {
+	t.Helper()
+	f := &provisionFault{pg: startPostgres(t)}
+	n := startNATS(t, "n1")
+	f.b = connect(t, n.url())
+	f.b.ensureStreams(t, 1)
+	keys := t.TempDir()
+	f.recipient = recipientOf(t, makeKey(t, keys, "age", "machine"))
+	controllerPub := makeKey(t, keys, "controller", "controller")
+	f.signingKey = keys + "/controller.key"
+	settings := map[string]string{
+		"STEWARD_NATS_URL":       n.url(),
+		"STEWARD_MACHINE":        machine,
+		"STEWARD_CONTROLLER_KEY": controllerPub,
+		"STEWARD_AGE_IDENTITY":   keys + "/machine.key",
+		"STEWARD_DATABASE_URL":   f.pg.url("postgres"),
+	}
+	maps.Copy(settings, env)
+	f.w = startWorker(t, "provision", settings)
+
+	g1 := grant(t, f.signingKey, f.recipient, machine, 1, "orders")
+	f.b.publish(t, g1)
+	if o := waitOutcome(t, f.b, "provision", machine, g1.ID(), time.Minute); o.Type() != "dev.steward.grant.applied.v1" {
+		t.Fatalf("generation 1: outcome %s (%s); want applied", o.Type(), o.Data())
+	}
+	return f
+}
+
 // TestFaultPostgresRestart is fault 4. Invariant: a grant published while
 // PostgreSQL is down is retried (and the retries show in the worker's
 // metrics, steward_events_total{result="retried"}), and completes once
@@ -54,28 +96,8 @@ func grant(t testing.TB, signingKey, recipient, machine string, gen uint64, node
 // used by other packages' tests at the same time and is never stopped.
 func TestFaultPostgresRestart(t *testing.T) {
 	const machine = "m1"
-	pg := startPostgres(t)
-	n := startNATS(t, "n1")
-	b := connect(t, n.url())
-	b.ensureStreams(t, 1)
-	keys := t.TempDir()
-	recipient := recipientOf(t, makeKey(t, keys, "age", "machine"))
-	controllerPub := makeKey(t, keys, "controller", "controller")
-	signingKey := keys + "/controller.key"
-	w := startWorker(t, "provision", map[string]string{
-		"STEWARD_NATS_URL":       n.url(),
-		"STEWARD_MACHINE":        machine,
-		"STEWARD_CONTROLLER_KEY": controllerPub,
-		"STEWARD_AGE_IDENTITY":   keys + "/machine.key",
-		"STEWARD_DATABASE_URL":   pg.url("postgres"),
-		"STEWARD_MAX_DELIVER":    "50",
-	})
-
-	g1 := grant(t, signingKey, recipient, machine, 1, "orders")
-	b.publish(t, g1)
-	if o := waitOutcome(t, b, "provision", machine, g1.ID(), time.Minute); o.Type() != "dev.steward.grant.applied.v1" {
-		t.Fatalf("generation 1: outcome %s (%s); want applied", o.Type(), o.Data())
-	}
+	f := startProvisionFault(t, machine, nil)
+	pg, b, w, signingKey, recipient := f.pg, f.b, f.w, f.signingKey, f.recipient
 
 	pg.stop(t)
 	stopped := time.Now()

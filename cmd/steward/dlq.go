@@ -10,6 +10,8 @@ import (
 	"time"
 	"unicode/utf16"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -380,23 +382,12 @@ the event comes back.`,
 		if rate <= 0 {
 			return fmt.Errorf("--rate %g: give a positive number of letters a second (a bulk retry at an unbounded rate floods the workers)", rate)
 		}
-		f, err := a.selection(cmd, args, all, "retry")
-		if err != nil {
-			return err
-		}
 		ctx := cmd.Context()
-		nc, js, err := g.connect(ctx, "steward dlq", false)
+		nc, js, list, err := a.selected(cmd, g, args, all, "retry")
 		if err != nil {
 			return err
 		}
 		defer nc.Close()
-		list, err := ops.ListLetters(ctx, js, f)
-		if err != nil {
-			return withServerHint(g, err)
-		}
-		if err := missingSeqs(f, list); err != nil {
-			return err
-		}
 		if a.dryRun {
 			return dryRun(cmd, asJSON, "retry", ops.RetryOrder(list.Letters))
 		}
@@ -416,6 +407,30 @@ the event comes back.`,
 
 // missingSeqs says which sequences given hold no letter, so `retry 12`
 // of a letter retried already is an error, not a quiet nothing.
+// selected connects and lists the letters a retry or rm names, checking
+// that every sequence asked for is there. The caller closes nc.
+func (a *actFlags) selected(cmd *cobra.Command, g *globals, args []string, all bool, verb string) (*nats.Conn, jetstream.JetStream, *ops.LetterList, error) {
+	f, err := a.selection(cmd, args, all, verb)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	nc, js, err := g.connect(cmd.Context(), "steward dlq", false)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	list, err := ops.ListLetters(cmd.Context(), js, f)
+	if err == nil {
+		err = missingSeqs(f, list)
+	} else {
+		err = withServerHint(g, err)
+	}
+	if err != nil {
+		nc.Close()
+		return nil, nil, nil, err
+	}
+	return nc, js, list, nil
+}
+
 func missingSeqs(f ops.LetterFilter, list *ops.LetterList) error {
 	if f.Seqs == nil {
 		return nil
@@ -510,23 +525,12 @@ first.`,
 		if err != nil {
 			return err
 		}
-		f, err := a.selection(cmd, args, false, "rm")
-		if err != nil {
-			return err
-		}
 		ctx := cmd.Context()
-		nc, js, err := g.connect(ctx, "steward dlq", false)
+		nc, js, list, err := a.selected(cmd, g, args, false, "rm")
 		if err != nil {
 			return err
 		}
 		defer nc.Close()
-		list, err := ops.ListLetters(ctx, js, f)
-		if err != nil {
-			return withServerHint(g, err)
-		}
-		if err := missingSeqs(f, list); err != nil {
-			return err
-		}
 		if a.dryRun {
 			return dryRun(cmd, asJSON, "rm", list.Letters)
 		}
