@@ -360,7 +360,7 @@ func pgBinOrSkip(t *testing.T) string {
 	t.Helper()
 	bin, err := pgserver.FindBin("")
 	if err != nil {
-		t.Skipf("no PostgreSQL server binaries: %v", err)
+		workertest.Requires(t, "PostgreSQL's server binaries", err)
 	}
 	return bin
 }

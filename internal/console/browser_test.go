@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,7 +31,7 @@ func chromium(t *testing.T) string {
 			return p
 		}
 	}
-	t.Skip("no Chromium installed (apt-get install chromium): the browser tests need one")
+	workertest.Requires(t, "Chromium (apt-get install chromium)", errors.New("no chromium, chromium-browser or google-chrome on PATH"))
 	return ""
 }
 

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/steward-dev/steward/workers/workertest"
 )
 
 // testBin is the machine's server binaries, or skips the test.
@@ -22,7 +23,7 @@ func testBin(t *testing.T) string {
 	t.Helper()
 	bin, err := FindBin(os.Getenv("STEWARD_PG_BIN"))
 	if err != nil {
-		t.Skipf("no PostgreSQL server binaries: %v", err)
+		workertest.Requires(t, "PostgreSQL's server binaries", err)
 	}
 	return bin
 }
