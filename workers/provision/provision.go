@@ -220,6 +220,11 @@ func (w *Worker) rank(_ context.Context, d *workers.Delivery) (uint64, error) {
 	if r := w.checkGrant(g); r != nil {
 		return 0, r
 	}
+	// Every consumer too (secret present and opening, names valid): a
+	// grant Handle would refuse must not supersede one it would apply.
+	if _, r := w.plan(g); r != nil {
+		return 0, r
+	}
 	return g.Generation, nil
 }
 
