@@ -233,12 +233,18 @@ func KeyOf(typ string, data []byte) (string, error) {
 	if !ok {
 		return "", fmt.Errorf("type %q is not a Steward event type", typ)
 	}
-	var fields map[string]json.RawMessage
+	var fields map[string]any
 	if err := json.Unmarshal(data, &fields); err != nil {
 		return "", fmt.Errorf("data of %s is not a JSON object: %w", typ, err)
 	}
-	var key string
-	if err := json.Unmarshal(fields[k.KeyField], &key); err != nil || key == "" {
+	return k.keyIn(typ, fields)
+}
+
+// keyIn reads the key field of data already decoded.
+func (k Kind) keyIn(typ string, doc any) (string, error) {
+	fields, _ := doc.(map[string]any)
+	key, _ := fields[k.KeyField].(string)
+	if key == "" {
 		return "", fmt.Errorf("data of %s has no string field %q to key it by", typ, k.KeyField)
 	}
 	return key, nil

@@ -54,17 +54,18 @@ func Validate(e event.Event) error {
 	if !ok {
 		return fmt.Errorf("%w: type %s is not a Steward event type", ErrInvalid, shortQuote(e.Type()))
 	}
-	if ct := e.DataContentType(); ct != "" {
+	if ct := e.DataContentType(); ct != "" && ct != ContentTypeJSON {
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != ContentTypeJSON {
 			return fmt.Errorf("%w: datacontenttype %s must be %s", ErrInvalid, shortQuote(ct), ContentTypeJSON)
 		}
 	}
 	// The schema's errors name fields and rules, never values, so a
 	// secret that fails its rule is not copied into logs and dead letters.
-	if err := schema.Validate(e.Type(), e.Data()); err != nil {
+	doc, err := schema.Decode(e.Type(), e.Data())
+	if err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
-	key, err := KeyOf(e.Type(), e.Data())
+	key, err := k.keyIn(e.Type(), doc)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
 	}

@@ -5,7 +5,6 @@ package schema
 import (
 	"bytes"
 	"embed"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -110,37 +109,42 @@ const MaxDataBytes = 256 << 10
 // Validate checks an event's data against the schema of its type. The error
 // names each failing field and the rule it broke.
 func Validate(typ string, data []byte) error {
+	_, err := Decode(typ, data)
+	return err
+}
+
+// Decode validates an event's data as Validate does and returns it decoded
+// (objects as map[string]any, numbers as json.Number), so a caller that
+// reads a field of valid data parses it once.
+func Decode(typ string, data []byte) (any, error) {
 	loadOnce.Do(load)
 	if loadErr != nil {
-		return loadErr
+		return nil, loadErr
 	}
 	sch, ok := schemas[typ]
 	if !ok {
-		return fmt.Errorf("%w %q: Steward knows %s", ErrUnknownType, typ, strings.Join(Types(), ", "))
+		return nil, fmt.Errorf("%w %q: Steward knows %s", ErrUnknownType, typ, strings.Join(Types(), ", "))
 	}
 	if len(data) > MaxDataBytes {
-		return &Error{Type: typ, Problems: []string{fmt.Sprintf("(data): %d bytes is over the limit of %d", len(data), MaxDataBytes)}}
-	}
-	if !json.Valid(data) {
-		return &Error{Type: typ, Problems: []string{"(data): not valid JSON"}}
+		return nil, &Error{Type: typ, Problems: []string{fmt.Sprintf("(data): %d bytes is over the limit of %d", len(data), MaxDataBytes)}}
 	}
 	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
 	if err != nil {
 		// The parser's message may quote the data.
-		return &Error{Type: typ, Problems: []string{"(data): not readable as JSON"}}
+		return nil, &Error{Type: typ, Problems: []string{"(data): not valid JSON"}}
 	}
 	err = sch.Validate(doc)
 	if err == nil {
-		return nil
+		return doc, nil
 	}
 	var ve *jsonschema.ValidationError
 	if !errors.As(err, &ve) {
-		return fmt.Errorf("validate %s: %w", typ, err)
+		return nil, fmt.Errorf("validate %s: %w", typ, err)
 	}
 	out := &Error{Type: typ}
 	collect(ve, &out.Problems)
 	sort.Strings(out.Problems)
-	return out
+	return nil, out
 }
 
 var printer = message.NewPrinter(language.English)

@@ -14,32 +14,49 @@ import (
 )
 
 // verdict is what the lane does with a delivery once process returns:
-// nothing (it is settled or handed back), retry it (after its backoff), or
-// keep it waiting behind an earlier event of its key (behind).
+// nothing (it is settled or handed back), nothing yet (batched: settled,
+// its checkpoint and ack to come with the lane's run), retry it (after its
+// backoff), or keep it waiting behind an earlier event of its key
+// (behind).
 type verdict struct {
-	retry  error
-	behind uint64
+	batched bool
+	retry   error
+	behind  uint64
 }
 
 // logFor is the logger of one delivery, with the fields docs/design.md §4 names.
 func (w *Runtime) logFor(h *held) zerolog.Logger {
+	if w.log.GetLevel() == zerolog.Disabled {
+		// Nothing is written: the fields would only be allocated.
+		return w.log
+	}
 	return w.log.With().
 		Str("key", h.key).Str("event_id", h.event.ID()).Str("type", h.event.Type()).
 		Uint64("seq", h.seq).Uint64("delivery", h.delivered).Uint64("attempt", h.delivered+h.attempts).Logger()
 }
 
 // process runs one delivery to its end and says what the lane does next.
-func (w *Runtime) process(h *held) verdict {
+// b is the lane's run of settled events not recorded yet: h joins it when
+// its handler settles it, and anything else h comes to (a retry, a dead
+// letter, a wait) first records the run, so it finds the checkpoint as if
+// each event of the run had been recorded on its own.
+func (w *Runtime) process(h *held, b *batch) verdict {
 	ctx, span := w.startSpan(h, "process")
 	defer span.End()
 	start := w.now()
+	w.validate(h)
 	log := w.logFor(h)
 	if h.deadReason != nil {
+		w.flush(b)
 		w.deadLetter(h, Permanent(h.deadReason), log)
 		span.SetAttributes(attribute.String("steward.result", resultDead))
 		return verdict{}
 	}
-	result, behind, err := w.apply(ctx, h, log)
+	result, behind, err := w.apply(ctx, h, b, log)
+	v := verdict{batched: b.holds(h)}
+	if !v.batched {
+		w.flush(b)
+	}
 	defer func() {
 		span.SetAttributes(attribute.String("steward.result", result))
 		if err != nil && result != resultRefused {
@@ -49,7 +66,6 @@ func (w *Runtime) process(h *held) verdict {
 	elapsed := w.now().Sub(start)
 	w.m.duration.Observe(elapsed.Seconds())
 
-	var v verdict
 	var p *panicError
 	switch {
 	case result != "":
@@ -81,22 +97,23 @@ func (w *Runtime) process(h *held) verdict {
 	return v
 }
 
-// apply checks the checkpoint and the order, runs the handler and records
-// the event as settled. It returns a result when the delivery is settled
+// apply checks the checkpoint and the order and runs the handler. It
+// returns a result when the delivery is settled (applied or refused: it
+// joined b, to be recorded and acked with the lane's run; skipped: acked)
 // or deferred (with the sequence it waits behind), or the handler's error.
-func (w *Runtime) apply(ctx context.Context, h *held, log zerolog.Logger) (string, uint64, error) {
-	cp, rev, cached, err := w.checkpointFor(ctx, h)
-	if err != nil {
-		return "", 0, err
+func (w *Runtime) apply(ctx context.Context, h *held, b *batch, log zerolog.Logger) (string, uint64, error) {
+	cp, rev, cached := b.view()
+	if !cached {
+		var err error
+		if cp, rev, cached, err = w.checkpointFor(ctx, h); err != nil {
+			return "", 0, err
+		}
 	}
 	if h.handled != "" {
 		// The handler already ran in this process and only recording it
 		// failed (the bucket was unreachable, or a read of it lagged):
 		// record it again rather than run the handler a second time.
-		if err := w.markApplied(ctx, h, cp, rev); err != nil {
-			return "", 0, err
-		}
-		w.ack(h, h.handled, log)
+		b.add(h, h.handled, cp, rev)
 		return h.handled, 0, nil
 	}
 	if h.seq <= cp.Applied {
@@ -140,11 +157,7 @@ func (w *Runtime) apply(ctx context.Context, h *held, log zerolog.Logger) (strin
 	} else if err != nil {
 		return "", 0, err
 	}
-	if err := w.markApplied(ctx, h, d.cp, d.cpRev); err != nil {
-		h.handled = result
-		return "", 0, err
-	}
-	w.ack(h, result, log)
+	b.add(h, result, d.cp, d.cpRev)
 	return result, 0, nil
 }
 
@@ -160,24 +173,30 @@ func (w *Runtime) delivery(h *held, cp checkpoint, rev uint64, log zerolog.Logge
 // startSpan starts the span of one delivery (or of settling it as
 // superseded) in the trace of its publisher, as the CloudEvents tracing
 // extension carries it, with OpenTelemetry's messaging and CloudEvents
-// attributes. The handler gets its context, so outcomes continue it.
+// attributes. The handler gets its context, so outcomes continue it. The
+// attributes are set only on a span that records: building them for every
+// event where nothing traces cost more than the rest of the span.
 func (w *Runtime) startSpan(h *held, operation string) (context.Context, trace.Span) {
-	return w.tracer.Start(tracing.Extract(w.handlerCtx, h.event), operation+" "+w.consumerName(),
-		trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(tracing.EventAttributes(h.event)...),
-		trace.WithAttributes(
-			attribute.String("messaging.system", "nats"),
-			attribute.String("messaging.operation.type", "process"),
-			attribute.String("messaging.operation.name", operation),
-			attribute.String("messaging.destination.name", h.msg.Subject()),
-			attribute.String("messaging.consumer.group.name", w.consumerName()),
-			attribute.String("messaging.message.id", h.event.ID()),
-			attribute.String("steward.worker", w.spec.Name),
-			attribute.String("steward.instance", w.spec.Instance),
-			attribute.String("steward.key", h.key),
-			attribute.Int64("steward.stream.sequence", int64(h.seq)),
-			attribute.Int64("steward.attempt", int64(h.delivered+h.attempts)),
-		))
+	ctx, span := w.tracer.Start(tracing.Extract(w.handlerCtx, h.event), operation+" "+w.consumerName(),
+		trace.WithSpanKind(trace.SpanKindConsumer))
+	if !span.IsRecording() {
+		return ctx, span
+	}
+	span.SetAttributes(tracing.EventAttributes(h.event)...)
+	span.SetAttributes(
+		attribute.String("messaging.system", "nats"),
+		attribute.String("messaging.operation.type", "process"),
+		attribute.String("messaging.operation.name", operation),
+		attribute.String("messaging.destination.name", h.msg.Subject()),
+		attribute.String("messaging.consumer.group.name", w.consumerName()),
+		attribute.String("messaging.message.id", h.event.ID()),
+		attribute.String("steward.worker", w.spec.Name),
+		attribute.String("steward.instance", w.spec.Instance),
+		attribute.String("steward.key", h.key),
+		attribute.Int64("steward.stream.sequence", int64(h.seq)),
+		attribute.Int64("steward.attempt", int64(h.delivered+h.attempts)),
+	)
+	return ctx, span
 }
 
 // panicError is a handler panic turned into a failure.

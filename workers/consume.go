@@ -47,7 +47,11 @@ func (w *Runtime) Run(ctx context.Context) error {
 		w.saveCursor(context.WithoutCancel(ctx))
 		return err
 	}
-	it, err := w.consumer.Messages(jetstream.PullMaxMessages(max(2*w.o.concurrency, 16)))
+	// A pull as large as what the consumer may have outstanding keeps
+	// lanes fed in a burst, so runs of a key form and share a checkpoint
+	// write (batch.go): a smaller one left them starved, each event of a
+	// key on its own. It costs no more memory than holding them does.
+	it, err := w.consumer.Messages(jetstream.PullMaxMessages(w.o.maxAckPending))
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", w.consumerName(), err)
 	}
@@ -143,13 +147,15 @@ func (w *Runtime) accept(msg jetstream.Msg) {
 		w.m.redelivered.Inc()
 	}
 
+	// Only decoded here, the one step every event takes in turn: the
+	// validation (the schema, the type, the subject) runs in the event's lane
+	// (validate), so a burst is checked on every core. A lane is then
+	// chosen from an event not validated yet; an invalid one only passes
+	// through its lane on its way to the DLQ, never moving its checkpoint.
 	e, err := events.Decode(msg.Headers(), msg.Data())
-	if err == nil {
-		err = w.check(msg.Subject(), e)
-	}
 	if err != nil {
 		// Nothing a retry can fix: straight to the DLQ, off the key lanes
-		// (an invalid event has no trustworthy key).
+		// (an event that does not decode has no key).
 		h.key = "invalid"
 		w.hold(h)
 		w.tasks.Add(1)
@@ -200,6 +206,20 @@ func (w *Runtime) accept(msg jetstream.Msg) {
 	w.startLane(h.lane, l)
 }
 
+// validate runs check on h once, in its lane. An invalid event is set to
+// go to the DLQ in its turn, off its lane's order: it has no trustworthy
+// key, so it neither moves the lane's checkpoint nor supersedes anything.
+func (w *Runtime) validate(h *held) {
+	if h.checked {
+		return
+	}
+	h.checked = true
+	if err := w.check(h.msg.Subject(), h.event); err != nil {
+		h.deadReason, h.invalid, h.key = err, true, "invalid"
+		h.rankDone, h.ranked = true, false
+	}
+}
+
 // check is the runtime's validation: the shared event validation, a type
 // this worker handles, and for keyed subjects a subject that names the
 // event's own key.
@@ -211,8 +231,15 @@ func (w *Runtime) check(subject string, e event.Event) error {
 		return fmt.Errorf("%w: worker %s does not handle type %q", events.ErrInvalid, w.spec.Name, e.Type())
 	}
 	k, _ := events.Lookup(e.Type())
-	if k.KeyInSubject && !strings.HasSuffix(subject, "."+e.Subject()) {
+	if k.KeyInSubject && !endsInToken(subject, e.Subject()) {
 		return fmt.Errorf("%w: NATS subject %q does not end in the event's key %q", events.ErrInvalid, subject, e.Subject())
 	}
 	return nil
+}
+
+// endsInToken reports whether subject ends in "." + token, without building
+// that string for every event.
+func endsInToken(subject, token string) bool {
+	rest, ok := strings.CutSuffix(subject, token)
+	return ok && strings.HasSuffix(rest, ".")
 }

@@ -54,7 +54,7 @@ func (w *Runtime) deadLetter(h *held, reason error, log zerolog.Logger) string {
 		}
 		log.Info().Uint64("dlq_seq", ack.Sequence).Msg("the event's dead letter was already stored by an earlier delivery")
 	}
-	if h.lane != "" {
+	if h.lane != "" && !h.invalid {
 		// Settled: later events of its key must not wait for it.
 		cp, rev, _, err := w.checkpointFor(ctx, h)
 		if err == nil {
@@ -107,7 +107,7 @@ func (w *Runtime) ownLetter(ctx context.Context, seq uint64, header map[string][
 // one to be skipped when it comes back.
 func (w *Runtime) keep(h *held, log zerolog.Logger) string {
 	w.m.dlqFailed.Inc()
-	if h.lane != "" {
+	if h.lane != "" && !h.invalid {
 		w.cps.drop(h.lane)
 	}
 	return w.nakLater(h, log)

@@ -21,10 +21,29 @@ func (w *Runtime) startLane(name string, l *lane) {
 // keeps its place while it waits (without a concurrency slot); under a
 // latest-wins Spec, a newer verified event that joins the lane meanwhile
 // supersedes it at once.
+//
+// Events the handler settles one after the other form a run (batch.go):
+// the lane keeps its concurrency slot while it has one, and records the
+// run with one checkpoint write before it does anything else, when the run
+// is full, or when nothing more of the key is queued.
 func (w *Runtime) runLane(name string, l *lane) {
 	defer w.tasks.Done()
+	b := &batch{lane: l}
+	slot := false
+	settleRun := func() {
+		w.flush(b)
+		if slot {
+			<-w.sem
+			slot = false
+		}
+	}
 	for {
 		w.mu.Lock()
+		if !b.empty() && (b.full() || w.stopping.Load() || !l.ready(w.now(), w.spec.Rank != nil)) {
+			w.mu.Unlock()
+			settleRun()
+			continue
+		}
 		if w.stopping.Load() || len(l.queue) == 0 || l.blocked() {
 			l.running = false
 			if len(l.queue) == 0 && l.waitFor == 0 {
@@ -73,16 +92,20 @@ func (w *Runtime) runLane(name string, l *lane) {
 		h := l.pop()
 		w.mu.Unlock()
 
-		select {
-		case w.sem <- struct{}{}:
-		case <-w.handlerCtx.Done():
-			w.release(h)
-			w.unhold(h)
-			continue
+		if !slot {
+			select {
+			case w.sem <- struct{}{}:
+				slot = true
+			case <-w.handlerCtx.Done():
+				w.release(h)
+				w.unhold(h)
+				continue
+			}
 		}
-		v := w.process(h)
-		<-w.sem
+		v := w.process(h, b)
 		switch {
+		case v.batched:
+			// Recorded, acked and unheld with its run.
 		case v.behind != 0:
 			// Still held, and heartbeated, so waiting costs no delivery:
 			// back in the queue until the earlier event comes back or
@@ -101,6 +124,10 @@ func (w *Runtime) runLane(name string, l *lane) {
 			w.requeue(l, h, v.retry)
 		default:
 			w.unhold(h)
+		}
+		if b.empty() && slot {
+			<-w.sem
+			slot = false
 		}
 	}
 }
@@ -160,6 +187,9 @@ func (w *Runtime) rankAll(todo []*held) {
 	}
 	results := make([]ranked, len(todo))
 	for i, h := range todo {
+		if w.validate(h); h.invalid {
+			continue
+		}
 		d := w.delivery(h, checkpoint{}, 0, w.logFor(h))
 		r, err := w.spec.Rank(w.handlerCtx, d)
 		results[i] = ranked{rank: r, ok: err == nil}
@@ -167,7 +197,9 @@ func (w *Runtime) rankAll(todo []*held) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for i, h := range todo {
-		h.rank, h.ranked, h.rankDone = results[i].rank, results[i].ok, true
+		if !h.invalid {
+			h.rank, h.ranked, h.rankDone = results[i].rank, results[i].ok, true
+		}
 	}
 }
 

@@ -11,7 +11,9 @@ whatever failed or restarted in between, and nobody has to redrive it.
 # What a handler's result means
 
   - nil: the event is applied. The key's checkpoint moves to it, then the
-    ack is confirmed (DoubleAck).
+    ack is confirmed (DoubleAck). Events of one key handled one after the
+    other share one checkpoint write, before any of their acks, and the
+    confirmation of the last ack confirms the run's.
   - Refused(err): a policy refusal (a downgrade, a bad signature, a stale
     version). The handler has emitted its refused outcome; the event is
     settled like an applied one, counted as refused, never dead-lettered.
@@ -27,7 +29,8 @@ whatever failed or restarted in between, and nobody has to redrive it.
 
 An event that fails validation (an unknown type, missing attributes, data
 its JSON Schema refuses, a subject that does not name its key) never
-reaches the handler: it is dead-lettered at once.
+reaches the handler: it is dead-lettered in its turn, on its first
+delivery, and moves no checkpoint.
 
 # Order and latest wins
 

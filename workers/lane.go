@@ -53,6 +53,23 @@ func (l *lane) blocked() bool {
 	return l.waitFor != 0 && len(l.queue) > 0 && l.queue[0].seq > l.waitFor
 }
 
+// ready reports whether the head can be handled now with nothing done
+// before it: it is not waiting for a retry or behind an earlier event, and
+// under a latest-wins Spec (latestWins) no event needs ranking, none
+// supersedes the head and the head needs no look at the stream for a
+// newer one. A lane with a run of settled events goes on with it only
+// then (batch.go).
+func (l *lane) ready(now time.Time, latestWins bool) bool {
+	if len(l.queue) == 0 || l.blocked() || l.queue[0].retryAt.After(now) {
+		return false
+	}
+	if !latestWins {
+		return true
+	}
+	head := l.queue[0]
+	return len(l.unranked()) == 0 && l.superseded() == nil && !(head.ranked && head.checkedAt <= head.attempts)
+}
+
 // arrived notes that the event with sequence seq joined the lane: if the
 // lane was waiting for it, the wait is over.
 func (l *lane) arrived(seq uint64) {

@@ -114,3 +114,45 @@ func TestLaneOlderRankBehindTheHeadDoesNotSupersedeIt(t *testing.T) {
 		t.Fatalf("unranked %v, want [3]", got)
 	}
 }
+
+// TestLaneIsReadyOnlyWhenItsHeadNeedsNothingFirst is what decides whether a
+// run of settled events goes on or is recorded first (batch.go).
+func TestLaneIsReadyOnlyWhenItsHeadNeedsNothingFirst(t *testing.T) {
+	clock := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	l := newLane()
+	if l.ready(clock, false) {
+		t.Fatal("an empty lane is ready")
+	}
+	l.insert(&held{seq: 4})
+	if !l.ready(clock, false) {
+		t.Fatal("a queued event with nothing before it is not ready")
+	}
+	l.queue[0].retryAt = clock.Add(time.Second)
+	if l.ready(clock, false) || !l.ready(clock.Add(2*time.Second), false) {
+		t.Fatal("a head waiting for its retry is ready before its time, or not after it")
+	}
+	l.queue[0].retryAt = time.Time{}
+	l.waitFor, l.waitUntil = 3, clock.Add(time.Minute)
+	if l.ready(clock, false) {
+		t.Fatal("a head behind an earlier event held elsewhere is ready")
+	}
+	l.waitFor = 0
+
+	// Latest-wins: ranking, superseding and the look at the stream for a
+	// newer event all come before a run goes on.
+	if l.ready(clock, true) {
+		t.Fatal("an unranked head is ready under a latest-wins Spec")
+	}
+	l.queue[0].rankDone, l.queue[0].ranked, l.queue[0].rank = true, true, 1
+	if l.ready(clock, true) {
+		t.Fatal("a head not yet checked for a newer stored event is ready")
+	}
+	l.queue[0].checkedAt = 1
+	if !l.ready(clock, true) {
+		t.Fatal("a ranked, checked head is not ready")
+	}
+	l.insert(&held{seq: 5, rankDone: true, ranked: true, rank: 2})
+	if l.ready(clock, true) {
+		t.Fatal("a head a queued newer event supersedes is ready")
+	}
+}

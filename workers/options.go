@@ -116,7 +116,10 @@ func WithSettledHook(fn func(Settlement)) Option { return func(o *options) { o.o
 func WithConcurrency(n int) Option { return func(o *options) { o.concurrency = n } }
 
 // WithMaxAckPending bounds the events held unacknowledged at once; the
-// default is 16 per unit of concurrency.
+// default is 64 per unit of concurrency (2,048 at the default
+// concurrency). In a burst, that depth is what lets events of one key
+// queue up and share one checkpoint write; a process holds that many
+// events in memory at most, and hands them back when it stops.
 func WithMaxAckPending(n int) Option { return func(o *options) { o.maxAckPending = n } }
 
 // WithShutdownGrace sets how long in-flight handlers may run on after the

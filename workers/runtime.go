@@ -24,7 +24,8 @@ import (
 // it: consume.go pulls and accepts, lane.go is the per-key queue,
 // dispatch.go runs lanes, apply.go runs one delivery, order.go guards the
 // key's order across processes, settle.go acks, retries, supersedes and
-// dead-letters, checkpoint.go keeps progress, heartbeat.go keeps held
+// dead-letters, checkpoint.go keeps progress, batch.go records a run of a
+// key's settled events with one checkpoint write, heartbeat.go keeps held
 // messages alive and status.go publishes what is retrying.
 type Runtime struct {
 	js       jetstream.JetStream
@@ -107,6 +108,9 @@ type held struct {
 	handled string
 	// deadReason, when set, sends the event to the DLQ in its turn.
 	deadReason error
+	// checked says validate has run; invalid, that the event failed it
+	// (its lane, chosen before, is not its own to settle).
+	checked, invalid bool
 	// deferredSince is when the event was first found waiting behind an
 	// earlier event of its key that another process holds.
 	deferredSince time.Time
@@ -134,7 +138,7 @@ func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts
 		o.heartbeat = o.ackWait / 3
 	}
 	if o.maxAckPending <= 0 {
-		o.maxAckPending = 16 * o.concurrency
+		o.maxAckPending = 64 * o.concurrency
 	}
 	if spec.OutcomeNoun == "" {
 		spec.OutcomeNoun = spec.Name

@@ -1,7 +1,6 @@
 package workers
 
 import (
-	"context"
 	"regexp"
 	"strings"
 	"time"
@@ -19,15 +18,7 @@ func (w *Runtime) ack(h *held, result string, log zerolog.Logger) {
 	w.acks.Add(1)
 	go func() {
 		defer w.acks.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := h.msg.DoubleAck(ctx); err != nil {
-			log.Warn().Err(err).Msg("ack not confirmed; a redelivery will be skipped by the checkpoint")
-			return
-		}
-		if w.o.onSettled != nil {
-			w.o.onSettled(Settlement{Event: h.event, Sequence: h.seq, Result: result, Received: h.received, Settled: w.now()})
-		}
+		w.confirm(h, log, func(at time.Time) { w.settled(h, result, at) })
 	}()
 }
 

@@ -1,0 +1,139 @@
+package workers
+
+import (
+	"context"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// maxBatch bounds how many events of one lane a single checkpoint write
+// records: a lane with a long queue gives up its concurrency slot this
+// often, so the other keys get their turn.
+const maxBatch = 64
+
+// batch is a run of one lane's events the handler has settled (applied or
+// refused) on the fast path, one after the other, whose checkpoint is not
+// written yet. One compare-and-swap records them all (the checkpoint moves
+// to the last one, which covers the earlier ones of the key), and then
+// they are acked: the checkpoint is still written before any ack, and a
+// crash before the write means the run is redelivered and handled again,
+// as a crash between a handler and its checkpoint always meant for one
+// event (handlers are idempotent).
+//
+// The batch is only ever the lane's next step: the lane flushes it before
+// anything else it does (a retry, a wait, a dead letter, a supersede, an
+// order check that found an earlier event elsewhere, stopping), so those
+// see the checkpoint as if every event of the run had been recorded on
+// its own.
+type batch struct {
+	lane    *lane
+	events  []*held
+	results []string
+	// cp and rev are the lane's checkpoint as last read or written (the
+	// run's own stage saves included), which the write replaces.
+	cp  checkpoint
+	rev uint64
+}
+
+func (b *batch) empty() bool { return len(b.events) == 0 }
+
+func (b *batch) full() bool { return len(b.events) >= maxBatch }
+
+// holds reports whether h is the run's last event: it was just settled
+// into it.
+func (b *batch) holds(h *held) bool { return !b.empty() && b.events[len(b.events)-1] == h }
+
+// add records that h is settled with result, its handler having seen the
+// lane's checkpoint as cp at revision rev (or moved it there).
+func (b *batch) add(h *held, result string, cp checkpoint, rev uint64) {
+	b.events = append(b.events, h)
+	b.results = append(b.results, result)
+	b.cp, b.rev = cp, rev
+}
+
+// view is the lane's checkpoint as the next event must see it: every event
+// of the run counts as settled, although the bucket does not say so yet.
+// ok is false when the run is empty.
+func (b *batch) view() (cp checkpoint, rev uint64, ok bool) {
+	if b.empty() {
+		return checkpoint{}, 0, false
+	}
+	last := b.events[len(b.events)-1]
+	cp = b.cp
+	cp.Applied, cp.EventID = last.seq, last.event.ID()
+	return cp, b.rev, true
+}
+
+// flush writes the run's checkpoint and acks its events. When the write
+// fails, each event is put back in its place to be recorded again later
+// without running its handler again (held.handled), after its backoff.
+func (w *Runtime) flush(b *batch) {
+	if b.empty() {
+		return
+	}
+	last := b.events[len(b.events)-1]
+	if err := w.markApplied(w.handlerCtx, last, b.cp, b.rev); err != nil {
+		w.log.Warn().Err(err).Str("key", last.key).Int("events", len(b.events)).
+			Msg("the checkpoint of a run of settled events could not be written; they are recorded again later, not handled again")
+		for i, h := range b.events {
+			h.handled = b.results[i]
+			w.requeue(b.lane, h, err)
+		}
+	} else {
+		w.ackRun(b.events, b.results)
+		for _, h := range b.events {
+			w.unhold(h)
+		}
+	}
+	// The confirmation goroutine keeps the run's slices: start new ones.
+	b.events, b.results = nil, nil
+}
+
+// ackRun confirms the events of a recorded run. Every ack but the last is
+// sent without waiting; the last is confirmed, and since the server takes
+// one connection's acks in the order they were sent, its confirmation
+// confirms the run.
+func (w *Runtime) ackRun(run []*held, results []string) {
+	if len(run) == 1 {
+		w.ack(run[0], results[0], w.logFor(run[0]))
+		return
+	}
+	for i, h := range run[:len(run)-1] {
+		w.m.count(results[i])
+		if err := h.msg.Ack(); err != nil {
+			log := w.logFor(h)
+			log.Warn().Err(err).Msg("ack not sent; a redelivery will be skipped by the checkpoint")
+		}
+	}
+	last := run[len(run)-1]
+	w.m.count(results[len(results)-1])
+	w.acks.Add(1)
+	go func() {
+		defer w.acks.Done()
+		w.confirm(last, w.logFor(last), func(settled time.Time) {
+			for i, h := range run {
+				w.settled(h, results[i], settled)
+			}
+		})
+	}()
+}
+
+// confirm waits for h's ack to be confirmed, then calls done with the time
+// it was.
+func (w *Runtime) confirm(h *held, log zerolog.Logger, done func(time.Time)) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := h.msg.DoubleAck(ctx); err != nil {
+		log.Warn().Err(err).Msg("ack not confirmed; a redelivery will be skipped by the checkpoint")
+		return
+	}
+	done(w.now())
+}
+
+// settled reports a confirmed event to the settled hook.
+func (w *Runtime) settled(h *held, result string, at time.Time) {
+	if w.o.onSettled != nil {
+		w.o.onSettled(Settlement{Event: h.event, Sequence: h.seq, Result: result, Received: h.received, Settled: at})
+	}
+}

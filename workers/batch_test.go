@@ -1,0 +1,157 @@
+package workers_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/workertest"
+)
+
+// TestARunOfOneKeySharesOneCheckpointWrite holds the first event of a key
+// in its handler until nineteen more are queued behind it, then lets it go:
+// the twenty are handled in order, the checkpoint is written once for the
+// run (after every handler, before any ack), and every ack is confirmed.
+func TestARunOfOneKeySharesOneCheckpointWrite(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	ctx := context.Background()
+	const n = 20
+
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var order []uint64
+	var settled []workers.Settlement
+	r := workertest.Start(t, js, spec("run"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		v := versionOf(t, d)
+		if v == 1 {
+			<-release
+		}
+		mu.Lock()
+		order = append(order, v)
+		mu.Unlock()
+		return nil
+	}), workers.WithSettledHook(func(s workers.Settlement) {
+		mu.Lock()
+		settled = append(settled, s)
+		mu.Unlock()
+	}))
+
+	var last uint64
+	for v := uint64(1); v <= n; v++ {
+		last = publishRotation(t, js, "hive-run", v).Sequence
+	}
+	workertest.WaitUntil(t, "all twenty held", func() bool { return consumerInfo(t, js, r.ConsumerName()).NumAckPending == n })
+
+	kv, err := js.KeyValue(ctx, workers.CheckpointBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	watch, err := kv.Watch(ctx, "cp."+testWorker+".run.credential-rotated.hive-run", jetstream.UpdatesOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Stop()
+	close(release)
+	workertest.WaitIdle(t, js, r.ConsumerName())
+
+	mu.Lock()
+	defer mu.Unlock()
+	for i, v := range order {
+		if v != uint64(i+1) {
+			t.Fatalf("handled in the order %v, want 1..%d", order, n)
+		}
+	}
+	if len(order) != n || len(settled) != n {
+		t.Fatalf("%d handled and %d confirmed, want %d each", len(order), len(settled), n)
+	}
+	// Every write up to the one that records the last event: the
+	// checkpoint is written before the acks WaitIdle saw confirmed.
+	writes := 0
+	for applied := uint64(0); applied < last; {
+		select {
+		case e := <-watch.Updates():
+			var cp struct{ Applied uint64 }
+			if err := json.Unmarshal(e.Value(), &cp); err != nil {
+				t.Fatal(err)
+			}
+			writes++
+			applied = cp.Applied
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the checkpoint never reached sequence %d", last)
+		}
+	}
+	// The first event may have been recorded on its own, if the rest were
+	// not all accepted when its handler returned; the others share one.
+	if writes > 2 {
+		t.Fatalf("%d checkpoint writes for a run of %d events, want 1 or 2", writes, n)
+	}
+}
+
+// TestARunWhoseCheckpointCannotBeWrittenIsRecordedLater makes the
+// checkpoint bucket refuse every write (its stream's message size limit at
+// one byte) while a run of five events is handled: nothing is acked while
+// the run is not recorded, and once the bucket takes writes again the run
+// is recorded and acked without any handler running a second time.
+func TestARunWhoseCheckpointCannotBeWrittenIsRecordedLater(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	ctx := context.Background()
+	const n = 5
+
+	release := make(chan struct{})
+	var mu sync.Mutex
+	calls := map[uint64]int{}
+	var logs syncBuffer
+	r := workertest.Start(t, js, spec("unrecorded"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		v := versionOf(t, d)
+		if v == 1 {
+			<-release
+		}
+		mu.Lock()
+		calls[v]++
+		mu.Unlock()
+		return nil
+	}), fastRetries(), workers.WithLogger(zerolog.New(&logs)))
+	for v := uint64(1); v <= n; v++ {
+		publishRotation(t, js, "hive-down", v)
+	}
+	workertest.WaitUntil(t, "all five held", func() bool { return consumerInfo(t, js, r.ConsumerName()).NumAckPending == n })
+
+	bucket, err := js.Stream(ctx, "KV_"+workers.CheckpointBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	healthy := bucket.CachedInfo().Config
+	broken := healthy
+	broken.MaxMsgSize = 1
+	if _, err := js.UpdateStream(ctx, broken); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	workertest.WaitUntil(t, "the run's checkpoint write fails", func() bool {
+		return strings.Contains(logs.String(), "the checkpoint of a run of settled events could not be written")
+	})
+	if info := consumerInfo(t, js, r.ConsumerName()); info.NumAckPending != n {
+		t.Fatalf("%d of %d events still held while their checkpoint is not written: one was acked first", info.NumAckPending, n)
+	}
+	if _, err := js.UpdateStream(ctx, healthy); err != nil {
+		t.Fatal(err)
+	}
+	workertest.WaitIdle(t, js, r.ConsumerName())
+
+	mu.Lock()
+	defer mu.Unlock()
+	for v := uint64(1); v <= n; v++ {
+		if calls[v] != 1 {
+			t.Fatalf("handler calls per version %v, want each exactly once", calls)
+		}
+	}
+}
