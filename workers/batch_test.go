@@ -25,20 +25,10 @@ func TestARunOfOneKeySharesOneCheckpointWrite(t *testing.T) {
 	ctx := context.Background()
 	const n = 20
 
-	release := make(chan struct{})
+	g := newGate(t)
 	var mu sync.Mutex
-	var order []uint64
 	var settled []workers.Settlement
-	r := workertest.Start(t, js, spec("run"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
-		v := versionOf(t, d)
-		if v == 1 {
-			<-release
-		}
-		mu.Lock()
-		order = append(order, v)
-		mu.Unlock()
-		return nil
-	}), workers.WithSettledHook(func(s workers.Settlement) {
+	r := workertest.Start(t, js, spec("run"), g, workers.WithSettledHook(func(s workers.Settlement) {
 		mu.Lock()
 		settled = append(settled, s)
 		mu.Unlock()
@@ -59,9 +49,10 @@ func TestARunOfOneKeySharesOneCheckpointWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer watch.Stop()
-	close(release)
+	close(g.release)
 	workertest.WaitIdle(t, js, r.ConsumerName())
 
+	order := g.handled()
 	mu.Lock()
 	defer mu.Unlock()
 	for i, v := range order {
@@ -106,20 +97,9 @@ func TestARunWhoseCheckpointCannotBeWrittenIsRecordedLater(t *testing.T) {
 	ctx := context.Background()
 	const n = 5
 
-	release := make(chan struct{})
-	var mu sync.Mutex
-	calls := map[uint64]int{}
+	g := newGate(t)
 	var logs syncBuffer
-	r := workertest.Start(t, js, spec("unrecorded"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
-		v := versionOf(t, d)
-		if v == 1 {
-			<-release
-		}
-		mu.Lock()
-		calls[v]++
-		mu.Unlock()
-		return nil
-	}), fastRetries(), workers.WithLogger(zerolog.New(&logs)))
+	r := workertest.Start(t, js, spec("unrecorded"), g, fastRetries(), workers.WithLogger(zerolog.New(&logs)))
 	for v := uint64(1); v <= n; v++ {
 		publishRotation(t, js, "hive-down", v)
 	}
@@ -135,7 +115,7 @@ func TestARunWhoseCheckpointCannotBeWrittenIsRecordedLater(t *testing.T) {
 	if _, err := js.UpdateStream(ctx, broken); err != nil {
 		t.Fatal(err)
 	}
-	close(release)
+	close(g.release)
 	workertest.WaitUntil(t, "the run's checkpoint write fails", func() bool {
 		return strings.Contains(logs.String(), "the checkpoint of a run of settled events could not be written")
 	})
@@ -147,11 +127,42 @@ func TestARunWhoseCheckpointCannotBeWrittenIsRecordedLater(t *testing.T) {
 	}
 	workertest.WaitIdle(t, js, r.ConsumerName())
 
-	mu.Lock()
-	defer mu.Unlock()
-	for v := uint64(1); v <= n; v++ {
-		if calls[v] != 1 {
-			t.Fatalf("handler calls per version %v, want each exactly once", calls)
+	got := g.handled()
+	for i, v := range got {
+		if v != uint64(i+1) {
+			t.Fatalf("handled the versions %v, want each of 1..%d exactly once, in order", got, n)
 		}
 	}
+	if len(got) != n {
+		t.Fatalf("handled the versions %v, want each of 1..%d exactly once, in order", got, n)
+	}
+}
+
+// gate is a handler that holds version 1 until release is closed, so the
+// events after it queue up in its lane, and notes the versions it handles.
+type gate struct {
+	t       *testing.T
+	release chan struct{}
+	mu      sync.Mutex
+	order   []uint64
+}
+
+func newGate(t *testing.T) *gate { return &gate{t: t, release: make(chan struct{})} }
+
+func (g *gate) Handle(_ context.Context, d *workers.Delivery) error {
+	v := versionOf(g.t, d)
+	if v == 1 {
+		<-g.release
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.order = append(g.order, v)
+	return nil
+}
+
+// handled returns the versions handled, in the order they were.
+func (g *gate) handled() []uint64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]uint64(nil), g.order...)
 }

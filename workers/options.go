@@ -118,8 +118,10 @@ func WithConcurrency(n int) Option { return func(o *options) { o.concurrency = n
 // WithMaxAckPending bounds the events held unacknowledged at once; the
 // default is 64 per unit of concurrency (2,048 at the default
 // concurrency). In a burst, that depth is what lets events of one key
-// queue up and share one checkpoint write; a process holds that many
-// events in memory at most, and hands them back when it stops.
+// queue up and share one checkpoint write. A process holds that many
+// events in memory at most (about 2 MiB of typical events; 512 MiB if
+// every one were at the 256 KiB data limit: lower it for such a stream),
+// and hands them back when it stops.
 func WithMaxAckPending(n int) Option { return func(o *options) { o.maxAckPending = n } }
 
 // WithShutdownGrace sets how long in-flight handlers may run on after the
