@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
@@ -51,38 +52,50 @@ func (w *Runtime) Run(ctx context.Context) error {
 	// lanes fed in a burst, so runs of a key form and share a checkpoint
 	// write (batch.go): a smaller one left them starved, each event of a
 	// key on its own. It costs no more memory than holding them does.
-	it, err := w.consumer.Messages(jetstream.PullMaxMessages(w.o.maxAckPending))
+	// accept runs as the subscription's callback, one message at a time:
+	// an iterator's hand-off to another goroutine cost every event a
+	// wake-up (at 1,000 events/s, a quarter of the handler's p99).
+	//
+	// The subscription calls the error handler and closes Closed in no
+	// set order: what ended it is kept under a lock until Closed.
+	var endMu sync.Mutex
+	var endErr error
+	cc, err := w.consumer.Consume(w.accept,
+		jetstream.PullMaxMessages(w.o.maxAckPending),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			if errors.Is(err, jetstream.ErrConnectionClosed) {
+				endMu.Lock()
+				endErr = fmt.Errorf("consumer %s stopped: %w", w.consumerName(), err)
+				endMu.Unlock()
+				return
+			}
+			// Missed heartbeats and reconnects surface here; the
+			// subscription recovers by itself, so note it and go on.
+			w.log.Debug().Err(err).Msg("pull interrupted")
+		}))
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", w.consumerName(), err)
 	}
 	go func() {
-		defer close(readerDone)
-		for {
-			msg, err := it.Next()
-			switch {
-			case errors.Is(err, jetstream.ErrMsgIteratorClosed):
-				return
-			case errors.Is(err, nats.ErrConnectionClosed):
-				readErr = fmt.Errorf("consumer %s stopped: %w", w.consumerName(), err)
-				return
-			case err != nil:
-				// Missed heartbeats and reconnects surface here; the
-				// iterator recovers by itself, so note it and go on.
-				w.log.Debug().Err(err).Msg("pull interrupted")
-				select {
-				case <-ctx.Done():
-				case <-time.After(100 * time.Millisecond):
-				}
-				continue
+		<-cc.Closed()
+		endMu.Lock()
+		readErr = endErr
+		endMu.Unlock()
+		if readErr == nil && !w.stopping.Load() {
+			// Ended without serve asking: the connection closed for
+			// good, whether or not the error handler heard it first.
+			readErr = fmt.Errorf("consumer %s stopped: %w", w.consumerName(), nats.ErrConnectionClosed)
+			if nc := w.js.Conn(); nc != nil && !nc.IsClosed() {
+				readErr = fmt.Errorf("consumer %s stopped: its subscription ended while NATS is %s", w.consumerName(), nc.Status())
 			}
-			w.accept(msg)
 		}
+		close(readerDone)
 	}()
-	return w.serve(ctx, readerDone, &readErr, it.Drain, cancelHandlers)
+	return w.serve(ctx, readerDone, &readErr, cc.Drain, cancelHandlers)
 }
 
-// serve runs the lanes while the reader (a consumer's iterator, or the
-// stream reader) feeds them, then shuts down as Run says: drain stops the
+// serve runs the lanes while the reader (the consumer's subscription, or
+// the stream reader) feeds them, then shuts down as Run says: drain stops the
 // reader, and readerDone closes once it has stopped.
 func (w *Runtime) serve(ctx context.Context, readerDone chan struct{}, readErr *error, drain func(), cancelHandlers context.CancelFunc) error {
 	hbDone := make(chan struct{})

@@ -128,7 +128,7 @@ func sameConsumer(have, want jetstream.ConsumerConfig) bool {
 }
 
 // wrapConsumer gives a host-bound instance's pulls the fleet's expiry and
-// heartbeat. The runtime's Messages call (consume.go) sets the batch; this
+// heartbeat. The runtime's Consume call (consume.go) sets the batch; this
 // adds what makes an idle instance cheap for the server.
 func (w *Runtime) wrapConsumer(c jetstream.Consumer) jetstream.Consumer {
 	if !HostBound(w.spec) {
@@ -137,13 +137,13 @@ func (w *Runtime) wrapConsumer(c jetstream.Consumer) jetstream.Consumer {
 	return fleetConsumer{Consumer: c}
 }
 
-// fleetConsumer is a consumer whose Messages iterators pull with the
-// fleet's expiry and heartbeat.
+// fleetConsumer is a consumer whose subscriptions pull with the fleet's
+// expiry and heartbeat.
 type fleetConsumer struct{ jetstream.Consumer }
 
-// Messages is the consumer's Messages with fleetPullExpiry and
+// Consume is the consumer's Consume with fleetPullExpiry and
 // fleetPullHeartbeat added after the caller's options.
-func (c fleetConsumer) Messages(opts ...jetstream.PullMessagesOpt) (jetstream.MessagesContext, error) {
+func (c fleetConsumer) Consume(handler jetstream.MessageHandler, opts ...jetstream.PullConsumeOpt) (jetstream.ConsumeContext, error) {
 	opts = append(slices.Clip(opts), jetstream.PullExpiry(fleetPullExpiry), jetstream.PullHeartbeat(fleetPullHeartbeat))
-	return c.Consumer.Messages(opts...)
+	return c.Consumer.Consume(handler, opts...)
 }

@@ -2,6 +2,7 @@ package workers_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -190,5 +191,78 @@ func TestNewCreatesNothingOnTheServer(t *testing.T) {
 	}
 	if len(found) != 0 {
 		t.Fatalf("New created %v on the server; it must create nothing until the worker runs", found)
+	}
+}
+
+// TestRunEndsWithAReasonWhenItsConnectionCloses closes a worker's
+// connection for good: Run returns on its own, saying why, rather than
+// waiting on a consumer it can no longer reach (a supervisor restarts it).
+func TestRunEndsWithAReasonWhenItsConnectionCloses(t *testing.T) {
+	srv := workertest.StartServer(t)
+	nc := srv.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := workers.New(context.Background(), js, spec("closing"),
+		workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }),
+		workers.WithRegisterer(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(context.Background()) }()
+	workertest.WaitUntil(t, "the worker is ready", func() bool { return w.Ready() == nil })
+	nc.Close()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "connection closed") {
+			t.Fatalf("Run returned %v, want it to say the connection closed", err)
+		}
+	case <-time.After(workertest.DefaultTimeout):
+		t.Fatal("Run did not return after its connection closed")
+	}
+}
+
+// TestPullsOnTheWireCarryTheFleetsExpiryOnlyForHosts reads the pull
+// requests themselves, as the server gets them: a host-bound instance asks
+// with the fleet's five-minute expiry and thirty-second heartbeat, a
+// shared one with nats.go's defaults, and both for as many events as the
+// consumer may have outstanding.
+func TestPullsOnTheWireCarryTheFleetsExpiryOnlyForHosts(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	for _, c := range []struct {
+		spec    workers.Spec
+		expires time.Duration
+	}{
+		{hostSpec("hive-wire"), 5 * time.Minute},
+		{spec("wire"), 30 * time.Second},
+	} {
+		name := c.spec.Name + "-" + c.spec.Instance
+		pulls, err := js.Conn().SubscribeSync("$JS.API.CONSUMER.MSG.NEXT." + events.StreamEvents + "." + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		workertest.Start(t, js, c.spec, workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }),
+			workers.WithConcurrency(4))
+		m, err := pulls.NextMsg(workertest.DefaultTimeout)
+		if err != nil {
+			t.Fatalf("%s sent no pull request: %v", name, err)
+		}
+		var req struct {
+			Batch     int           `json:"batch"`
+			Expires   time.Duration `json:"expires"`
+			Heartbeat time.Duration `json:"idle_heartbeat"`
+		}
+		if err := json.Unmarshal(m.Data, &req); err != nil {
+			t.Fatal(err)
+		}
+		if req.Expires != c.expires || req.Batch != 4*64 {
+			t.Fatalf("%s pulls %+v, want a batch of %d expiring after %v", name, req, 4*64, c.expires)
+		}
+		if c.expires == 5*time.Minute && req.Heartbeat != 30*time.Second {
+			t.Fatalf("%s pulls with a %v heartbeat, want 30s", name, req.Heartbeat)
+		}
 	}
 }
