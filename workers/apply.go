@@ -52,6 +52,7 @@ func (w *Runtime) process(h *held, b *batch) verdict {
 		span.SetAttributes(attribute.String("steward.result", resultDead))
 		return verdict{}
 	}
+	b.starting(start)
 	result, behind, err := w.apply(ctx, h, b, log)
 	v := verdict{batched: b.holds(h)}
 	if !v.batched {

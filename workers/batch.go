@@ -9,8 +9,14 @@ import (
 
 // maxBatch bounds how many events of one lane a single checkpoint write
 // records: a lane with a long queue gives up its concurrency slot this
-// often, so the other keys get their turn.
-const maxBatch = 64
+// often, so the other keys get their turn. maxBatchAge bounds how long the
+// first of them waits to be recorded, counted from when its handler
+// started: with slow handlers (a migration that takes minutes) a run is one
+// event, so a crash never leaves a long run of finished work to do again.
+const (
+	maxBatch    = 64
+	maxBatchAge = 100 * time.Millisecond
+)
 
 // batch is a run of one lane's events the handler has settled (applied or
 // refused) on the fast path, one after the other, whose checkpoint is not
@@ -30,6 +36,8 @@ type batch struct {
 	lane    *lane
 	events  []*held
 	results []string
+	// since is when the handler of the run's first event started.
+	since time.Time
 	// cp and rev are the lane's checkpoint as last read or written (the
 	// run's own stage saves included), which the write replaces.
 	cp  checkpoint
@@ -38,11 +46,23 @@ type batch struct {
 
 func (b *batch) empty() bool { return len(b.events) == 0 }
 
-func (b *batch) full() bool { return len(b.events) >= maxBatch }
+// full reports whether the run must be recorded before it grows: it holds
+// maxBatch events, or its first has waited maxBatchAge.
+func (b *batch) full(now time.Time) bool {
+	return len(b.events) >= maxBatch || now.Sub(b.since) >= maxBatchAge
+}
 
 // holds reports whether h is the run's last event: it was just settled
 // into it.
 func (b *batch) holds(h *held) bool { return !b.empty() && b.events[len(b.events)-1] == h }
+
+// starting notes that an event is about to be handled at now: the first
+// of a run sets its age.
+func (b *batch) starting(now time.Time) {
+	if b.empty() {
+		b.since = now
+	}
+}
 
 // add records that h is settled with result, its handler having seen the
 // lane's checkpoint as cp at revision rev (or moved it there).

@@ -25,7 +25,8 @@ func (w *Runtime) startLane(name string, l *lane) {
 // Events the handler settles one after the other form a run (batch.go):
 // the lane keeps its concurrency slot while it has one, and records the
 // run with one checkpoint write before it does anything else, when the run
-// is full, or when nothing more of the key is queued.
+// is full (64 events, or its first settled 100ms ago), or when nothing
+// more of the key is queued.
 func (w *Runtime) runLane(name string, l *lane) {
 	defer w.tasks.Done()
 	b := &batch{lane: l}
@@ -39,7 +40,7 @@ func (w *Runtime) runLane(name string, l *lane) {
 	}
 	for {
 		w.mu.Lock()
-		if !b.empty() && (b.full() || w.stopping.Load() || !l.ready(w.now(), w.spec.Rank != nil)) {
+		if now := w.now(); !b.empty() && (b.full(now) || w.stopping.Load() || !l.ready(now, w.spec.Rank != nil)) {
 			w.mu.Unlock()
 			settleRun()
 			continue
