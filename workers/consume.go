@@ -219,15 +219,21 @@ func (w *Runtime) accept(msg jetstream.Msg) {
 	w.startLane(h.lane, l)
 }
 
-// validate runs check on h once, in its lane. An invalid event is set to
-// go to the DLQ in its turn, off its lane's order: it has no trustworthy
-// key, so it neither moves the lane's checkpoint nor supersedes anything.
+// validate runs check on h once, in its lane, by the lane's runner on an
+// event it has taken off the queue (accept no longer sees it there).
 func (w *Runtime) validate(h *held) {
-	if h.checked {
-		return
+	if !h.validated {
+		h.setValidity(w.check(h.msg.Subject(), h.event))
 	}
-	h.checked = true
-	if err := w.check(h.msg.Subject(), h.event); err != nil {
+}
+
+// setValidity records what check said of h. An invalid event goes to the
+// DLQ in its turn, off its lane's order: it has no trustworthy key, so it
+// neither moves the lane's checkpoint nor ranks, supersedes or is
+// superseded.
+func (h *held) setValidity(err error) {
+	h.validated = true
+	if err != nil {
 		h.deadReason, h.invalid, h.key = err, true, "invalid"
 		h.rankDone, h.ranked = true, false
 	}

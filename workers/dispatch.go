@@ -25,7 +25,7 @@ func (w *Runtime) startLane(name string, l *lane) {
 // Events the handler settles one after the other form a run (batch.go):
 // the lane keeps its concurrency slot while it has one, and records the
 // run with one checkpoint write before it does anything else, when the run
-// is full (64 events, or its first settled 100ms ago), or when nothing
+// is full (64 events, or 100ms since its first handler started), or when nothing
 // more of the key is queued.
 func (w *Runtime) runLane(name string, l *lane) {
 	defer w.tasks.Done()
@@ -183,22 +183,29 @@ func (w *Runtime) requeue(l *lane, h *held, err error) {
 // is unranked and supersedes nothing.
 func (w *Runtime) rankAll(todo []*held) {
 	type ranked struct {
-		rank uint64
-		ok   bool
+		invalid error
+		rank    uint64
+		ok      bool
 	}
 	results := make([]ranked, len(todo))
 	for i, h := range todo {
-		if w.validate(h); h.invalid {
-			continue
+		// Validated first: an invalid event ranks nowhere. What is
+		// found is recorded under the lock, with the ranks, since the
+		// events are still queued, where a redelivery reads them.
+		if !h.validated {
+			if err := w.check(h.msg.Subject(), h.event); err != nil {
+				results[i].invalid = err
+				continue
+			}
 		}
 		d := w.delivery(h, checkpoint{}, 0, w.logFor(h))
 		r, err := w.spec.Rank(w.handlerCtx, d)
-		results[i] = ranked{rank: r, ok: err == nil}
+		results[i].rank, results[i].ok = r, err == nil
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for i, h := range todo {
-		if !h.invalid {
+		if h.setValidity(results[i].invalid); !h.invalid {
 			h.rank, h.ranked, h.rankDone = results[i].rank, results[i].ok, true
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 
@@ -119,5 +120,40 @@ func TestARefusalIsAnOutcomeNotADeadLetter(t *testing.T) {
 	}
 	if got := outcomeTypes(t, js, "refuse"); got["refused"] != 1 || got["applied"] != 1 {
 		t.Fatalf("outcomes %v", got)
+	}
+}
+
+// TestAnInvalidEventRanksNowhere stores, after a valid rotation, one whose
+// data its schema refuses (a client id with a space in it) and whose
+// version is the largest there is. Validation comes before Rank, which
+// would have read that version: the valid rotation is applied, the invalid
+// one dead-lettered, and nothing is superseded.
+func TestAnInvalidEventRanksNowhere(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	publishRotation(t, js, "hive-i", 1)
+	publishRaw(t, js, rawRotation(t, "invalid-huge", "hive-i",
+		[]byte(`{"hive":"hive-i","version":18446744073709551615,"clientId":"has space","secret":"-----BEGIN AGE ENCRYPTED FILE-----\nx\n-----END AGE ENCRYPTED FILE-----\n"}`)))
+	var mu sync.Mutex
+	var applied []uint64
+	r := workertest.Start(t, js, latestSpec("invalid"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		mu.Lock()
+		applied = append(applied, versionOf(t, d))
+		mu.Unlock()
+		return d.Emit(ctx, "applied", nil)
+	}))
+	workertest.WaitIdle(t, js, r.ConsumerName())
+
+	mu.Lock()
+	defer mu.Unlock()
+	if len(applied) != 1 || applied[0] != 1 {
+		t.Fatalf("applied %v, want version 1 only", applied)
+	}
+	if got := outcomeTypes(t, js, "invalid"); got["superseded"] != 0 || got["applied"] != 1 {
+		t.Fatalf("outcomes %v, want 1 applied and none superseded", got)
+	}
+	letters := workertest.DeadLetters(t, js, testWorker, "invalid")
+	if len(letters) != 1 || !strings.Contains(letters[0].Reason, "/clientId") {
+		t.Fatalf("dead letters %+v, want the invalid rotation's, naming /clientId", letters)
 	}
 }

@@ -108,9 +108,9 @@ type held struct {
 	handled string
 	// deadReason, when set, sends the event to the DLQ in its turn.
 	deadReason error
-	// checked says validate has run; invalid, that the event failed it
+	// validated says check has run on the event; invalid, that it failed
 	// (its lane, chosen before, is not its own to settle).
-	checked, invalid bool
+	validated, invalid bool
 	// deferredSince is when the event was first found waiting behind an
 	// earlier event of its key that another process holds.
 	deferredSince time.Time
