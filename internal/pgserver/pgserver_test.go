@@ -5,6 +5,7 @@ package pgserver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -261,7 +262,7 @@ func TestHalfMade(t *testing.T) {
 // named before initdb fails on it.
 func TestRootNeedsAPath(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("only root runs the server as another user")
+		workertest.Requires(t, "root (only root runs the server as another user)", fmt.Errorf("running as uid %d", os.Geteuid()))
 	}
 	bin := testBin(t)
 	closed := t.TempDir() // its parent is 0700

@@ -38,7 +38,7 @@ exec "$here/arm.sh" "$@"
 // box (the worker used to wait for the command for ever).
 func TestArmCommandTimeout(t *testing.T) {
 	if _, err := os.Stat("/proc/self/stat"); err != nil {
-		t.Skip("needs /proc to see whether the killed processes are gone")
+		workertest.Requires(t, "/proc, to see whether the killed processes are gone", err)
 	}
 	srv := workertest.StartServer(t)
 	js := srv.JetStream(t)

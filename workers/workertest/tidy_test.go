@@ -3,6 +3,8 @@ package workertest_test
 import (
 	"os/exec"
 	"testing"
+
+	"github.com/steward-dev/steward/workers/workertest"
 )
 
 // TestGoModIsTidy fails when go.mod or go.sum is not what `go mod tidy`
@@ -10,9 +12,7 @@ import (
 // line), so the README's `go test ./...` catches it before review does.
 func TestGoModIsTidy(t *testing.T) {
 	gobin, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("no go command on PATH")
-	}
+	workertest.Requires(t, "the go command on PATH", err)
 	cmd := exec.Command(gobin, "mod", "tidy", "-diff")
 	cmd.Dir = "../.."
 	out, err := cmd.CombinedOutput()

@@ -396,9 +396,6 @@ func TestAssertionsFailOnAWrongExpectation(t *testing.T) {
 // TestReplayFileOnTheRealRuntimeAgreesWithMemory runs the same recorded
 // stream in memory and through the runtime on an embedded server.
 func TestReplayFileOnTheRealRuntimeAgreesWithMemory(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a server")
-	}
 	path := writeStream(t, rotation(t, 1, "c1"), rotation(t, 3, "c3"), rotation(t, 2, "c2"))
 	mem := workertest.ReplayFile(t, path, spec(&versions{}), &versions{})
 	real := workertest.ReplayFile(t, path, spec(&versions{}), &versions{}, workertest.WithRuntime(), workertest.WithLogger(zerolog.New(zerolog.NewTestWriter(t))))
