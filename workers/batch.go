@@ -33,9 +33,9 @@ const (
 // see the checkpoint as if every event of the run had been recorded on
 // its own.
 type batch struct {
-	lane    *lane
-	events  []*held
-	results []string
+	lane *lane
+	// events are the run's, each with its result in held.handled.
+	events []*held
 	// since is when the handler of the run's first event started.
 	since time.Time
 	// cp and rev are the lane's checkpoint as last read or written (the
@@ -65,10 +65,12 @@ func (b *batch) starting(now time.Time) {
 }
 
 // add records that h is settled with result, its handler having seen the
-// lane's checkpoint as cp at revision rev (or moved it there).
+// lane's checkpoint as cp at revision rev (or moved it there). The result
+// is h.handled from now on: should the write fail, recording h again does
+// not run its handler again.
 func (b *batch) add(h *held, result string, cp checkpoint, rev uint64) {
+	h.handled = result
 	b.events = append(b.events, h)
-	b.results = append(b.results, result)
 	b.cp, b.rev = cp, rev
 }
 
@@ -95,45 +97,45 @@ func (w *Runtime) flush(b *batch) {
 	last := b.events[len(b.events)-1]
 	if err := w.markApplied(w.handlerCtx, last, b.cp, b.rev); err != nil {
 		w.log.Warn().Err(err).Str("key", last.key).Int("events", len(b.events)).
-			Msg("the checkpoint of a run of settled events could not be written; they are recorded again later, not handled again")
-		for i, h := range b.events {
-			h.handled = b.results[i]
+			Msg("the checkpoint of a run of settled events could not be written to " + CheckpointBucket +
+				" (is it reachable, and within its limits?); nothing of the run is acked, and it is recorded again after a backoff, not handled again")
+		for _, h := range b.events {
 			w.requeue(b.lane, h, err)
 		}
 	} else {
-		w.ackRun(b.events, b.results)
+		w.ackRun(b.events)
 		for _, h := range b.events {
 			w.unhold(h)
 		}
 	}
-	// The confirmation goroutine keeps the run's slices: start new ones.
-	b.events, b.results = nil, nil
+	// The confirmation goroutine keeps the run's slice: start a new one.
+	b.events = nil
 }
 
 // ackRun confirms the events of a recorded run. Every ack but the last is
 // sent without waiting; the last is confirmed, and since the server takes
 // one connection's acks in the order they were sent, its confirmation
 // confirms the run.
-func (w *Runtime) ackRun(run []*held, results []string) {
+func (w *Runtime) ackRun(run []*held) {
 	if len(run) == 1 {
-		w.ack(run[0], results[0], w.logFor(run[0]))
+		w.ack(run[0], run[0].handled, w.logFor(run[0]))
 		return
 	}
-	for i, h := range run[:len(run)-1] {
-		w.m.count(results[i])
+	for _, h := range run[:len(run)-1] {
+		w.m.count(h.handled)
 		if err := h.msg.Ack(); err != nil {
 			log := w.logFor(h)
 			log.Warn().Err(err).Msg("ack not sent; a redelivery will be skipped by the checkpoint")
 		}
 	}
 	last := run[len(run)-1]
-	w.m.count(results[len(results)-1])
+	w.m.count(last.handled)
 	w.acks.Add(1)
 	go func() {
 		defer w.acks.Done()
 		w.confirm(last, w.logFor(last), func(settled time.Time) {
-			for i, h := range run {
-				w.settled(h, results[i], settled)
+			for _, h := range run {
+				w.settled(h, h.handled, settled)
 			}
 		})
 	}()

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/workertest"
 )
@@ -44,7 +45,7 @@ func TestARunOfOneKeySharesOneCheckpointWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	watch, err := kv.Watch(ctx, "cp."+testWorker+".run.credential-rotated.hive-run", jetstream.UpdatesOnly())
+	watch, err := kv.Watch(ctx, workers.CheckpointKey(testWorker, "run", events.TypeCredentialRotated, "hive-run"), jetstream.UpdatesOnly())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,8 +44,22 @@ func laneOf(typ, key string) string {
 	return kvToken(kind) + "." + kvToken(key)
 }
 
+// CheckpointKey is the key in CheckpointBucket under which an instance of
+// a worker keeps its checkpoint for the events of type typ and order key
+// key: cp.<worker>.<instance>.<kind>.<key>, the kind being the type
+// without dev.steward. and .v1, dots as dashes, and a kind or key that is
+// not a subject token base32-encoded behind '_'. instance may be "*" in a
+// watch filter over every instance.
+func CheckpointKey(worker, instance, typ, key string) string {
+	return checkpointKey(worker, instance, laneOf(typ, key))
+}
+
+func checkpointKey(worker, instance, lane string) string {
+	return "cp." + worker + "." + instance + "." + lane
+}
+
 func (w *Runtime) checkpointKey(lane string) string {
-	return "cp." + w.spec.Name + "." + w.spec.Instance + "." + lane
+	return checkpointKey(w.spec.Name, w.spec.Instance, lane)
 }
 
 // checkpointFor returns the checkpoint of h's lane and its revision, from

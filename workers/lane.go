@@ -67,7 +67,12 @@ func (l *lane) ready(now time.Time, latestWins bool) bool {
 		return true
 	}
 	head := l.queue[0]
-	return len(l.unranked()) == 0 && l.superseded() == nil && !(head.ranked && head.checkedAt <= head.attempts)
+	for _, q := range l.queue {
+		if !q.rankDone {
+			return false
+		}
+	}
+	return l.superseded() == nil && !(head.ranked && head.checkedAt <= head.attempts)
 }
 
 // arrived notes that the event with sequence seq joined the lane: if the

@@ -103,8 +103,8 @@ type held struct {
 	firstFailure time.Time
 	lastError    string
 	// handled is the handler's result (applied or refused) once it has
-	// run and only the checkpoint write failed: a retry then records it
-	// without running the handler again.
+	// run: if recording it fails, a retry records it without running the
+	// handler again.
 	handled string
 	// deadReason, when set, sends the event to the DLQ in its turn.
 	deadReason error

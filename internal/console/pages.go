@@ -389,25 +389,44 @@ func dlqAction(r *http.Request) (string, error) {
 // touches and which, as they are now (a letter retried meanwhile is named
 // as gone, not silently dropped), in the order the action takes them.
 func (c *Console) dlqConfirm(w http.ResponseWriter, r *http.Request, se *session) {
-	seqs, err := selected(r)
-	if err != nil {
-		c.fail(w, r, http.StatusBadRequest, err.Error())
+	sel, ok := c.readSelection(w, r)
+	if !ok {
 		return
 	}
-	action, err := dlqAction(r)
-	if err != nil {
-		c.fail(w, r, http.StatusBadRequest, err.Error())
-		return
-	}
-	d := confirmData{Action: action, Back: safeNext(r.PostFormValue("back"))}
-	if d.Letters, d.Missing, err = c.selectedLetters(r, seqs); err != nil {
-		c.fail(w, r, http.StatusServiceUnavailable, err.Error())
-		return
-	}
-	if action == ops.ActionRetry {
+	d := confirmData{Action: sel.action, Back: safeNext(r.PostFormValue("back")), Letters: sel.letters, Missing: sel.missing}
+	if sel.action == ops.ActionRetry {
 		d.Letters = ops.RetryOrder(d.Letters)
 	}
 	c.render(w, r, http.StatusOK, "confirm", se, d)
+}
+
+// dlqSelection is what a confirm or an act form asks for: the action, and
+// the selected letters as they are now (and the sequences that hold
+// nothing any more).
+type dlqSelection struct {
+	action  string
+	seqs    []uint64
+	letters []ops.Letter
+	missing []uint64
+}
+
+// readSelection reads the form's action and selection and the letters;
+// when it cannot, it has answered with the reason and reports false.
+func (c *Console) readSelection(w http.ResponseWriter, r *http.Request) (dlqSelection, bool) {
+	var sel dlqSelection
+	var err error
+	if sel.seqs, err = selected(r); err == nil {
+		sel.action, err = dlqAction(r)
+	}
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, err.Error())
+		return sel, false
+	}
+	if sel.letters, sel.missing, err = c.selectedLetters(r, sel.seqs); err != nil {
+		c.fail(w, r, http.StatusServiceUnavailable, err.Error())
+		return sel, false
+	}
+	return sel, true
 }
 
 // outcomeOf is what one action did to one letter.
@@ -435,21 +454,12 @@ type doneData struct {
 // `steward dlq retry` and `steward dlq rm` do (the same order, rate,
 // refusals and audit lines and events).
 func (c *Console) dlqAct(w http.ResponseWriter, r *http.Request, se *session) {
-	seqs, err := selected(r)
-	if err != nil {
-		c.fail(w, r, http.StatusBadRequest, err.Error())
+	sel, ok := c.readSelection(w, r)
+	if !ok {
 		return
 	}
-	action, err := dlqAction(r)
-	if err != nil {
-		c.fail(w, r, http.StatusBadRequest, err.Error())
-		return
-	}
-	letters, missing, err := c.selectedLetters(r, seqs)
-	if err != nil {
-		c.fail(w, r, http.StatusServiceUnavailable, err.Error())
-		return
-	}
+	action, letters, missing := sel.action, sel.letters, sel.missing
+	var err error
 	o := ops.ActOptions{Log: c.cfg.Log, Actor: "console", Now: c.cfg.Now}
 	var rep *ops.Report
 	if action == ops.ActionRetry {
@@ -461,7 +471,7 @@ func (c *Console) dlqAct(w http.ResponseWriter, r *http.Request, se *session) {
 		c.fail(w, r, http.StatusServiceUnavailable, err.Error())
 		return
 	}
-	d := doneData{Action: action, Back: safeNext(r.PostFormValue("back")), Retried: action == ops.ActionRetry, Selected: len(seqs)}
+	d := doneData{Action: action, Back: safeNext(r.PostFormValue("back")), Retried: action == ops.ActionRetry, Selected: len(sel.seqs)}
 	for _, seq := range missing {
 		d.Results = append(d.Results, outcomeOf{Seq: seq, Message: fmt.Sprintf("gone: %s sequence %d holds nothing any more (retried or removed already)", events.StreamDLQ, seq)})
 		d.Refused++

@@ -3,7 +3,6 @@ package ops
 import (
 	"cmp"
 	"context"
-	"encoding/base32"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -78,12 +77,10 @@ func GetCheckpoints(ctx context.Context, js jetstream.JetStream, worker, key, in
 	if err != nil {
 		return nil, fmt.Errorf("open bucket %s on %s: %w", workers.CheckpointBucket, ServerURL(js), err)
 	}
-	types := map[string]string{} // lane -> type
+	types := WorkerTypes(worker)
 	var filters []string
-	for _, t := range WorkerTypes(worker) {
-		lane := CheckpointLane(t, key)
-		types[lane] = t
-		filters = append(filters, "cp."+worker+"."+inst+"."+lane)
+	for _, t := range types {
+		filters = append(filters, workers.CheckpointKey(worker, inst, t, key))
 	}
 	w, err := kv.WatchFiltered(ctx, filters, jetstream.IgnoreDeletes())
 	if err != nil {
@@ -105,7 +102,12 @@ func GetCheckpoints(ctx context.Context, js jetstream.JetStream, worker, key, in
 		if len(parts) != 4 {
 			continue
 		}
-		cp := Checkpoint{Instance: parts[2], Type: types[parts[3]], Key: key, BucketKey: e.Key(), Revision: e.Revision(), Updated: e.Created().UTC()}
+		cp := Checkpoint{Instance: parts[2], Key: key, BucketKey: e.Key(), Revision: e.Revision(), Updated: e.Created().UTC()}
+		for _, t := range types {
+			if workers.CheckpointKey(worker, cp.Instance, t, key) == e.Key() {
+				cp.Type = t
+			}
+		}
 		var s storedCheckpoint
 		if err := json.Unmarshal(e.Value(), &s); err != nil {
 			cp.Error = fmt.Sprintf("not a checkpoint the runtime can read (%v): the runtime fails on this key until the entry is fixed or deleted (nats kv del %s %s)", err, workers.CheckpointBucket, e.Key())
@@ -121,22 +123,4 @@ func GetCheckpoints(ctx context.Context, js jetstream.JetStream, worker, key, in
 		return cmp.Or(strings.Compare(a.Instance, b.Instance), strings.Compare(a.Type, b.Type))
 	})
 	return out, nil
-}
-
-// CheckpointLane is the part of a checkpoint's bucket key that names the
-// event's kind and key: the type without dev.steward. and .v1, dots as
-// dashes, then the key; a part that is not a subject token is
-// base32-encoded behind '_'. It is the runtime's laneOf
-// (workers/checkpoint.go), which is not exported;
-// TestCheckpointsOfAKeyAsTheRuntimeWroteThem holds the two together.
-func CheckpointLane(typ, key string) string {
-	kind := strings.ReplaceAll(strings.TrimSuffix(strings.TrimPrefix(typ, "dev.steward."), ".v1"), ".", "-")
-	return kvToken(kind) + "." + kvToken(key)
-}
-
-func kvToken(s string) string {
-	if events.CheckKey(s) == nil {
-		return s
-	}
-	return "_" + strings.ToLower(base32.HexEncoding.WithPadding(base32.NoPadding).EncodeToString([]byte(s)))
 }

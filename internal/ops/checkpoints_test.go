@@ -19,7 +19,7 @@ import (
 // handler saves a stage holding a password and then fails, and reads the
 // key's checkpoint through ops: the stage is there with the password
 // elided; once the handler succeeds, the checkpoint names the applied
-// sequence and event. It holds ops.CheckpointLane to the runtime's key.
+// sequence and event. It holds ops to the key the runtime writes (workers.CheckpointKey).
 func TestCheckpointsOfAKeyAsTheRuntimeWroteThem(t *testing.T) {
 	srv := workertest.StartServer(t)
 	js := srv.JetStream(t)
@@ -62,7 +62,7 @@ func TestCheckpointsOfAKeyAsTheRuntimeWroteThem(t *testing.T) {
 	if other, err := ops.GetCheckpoints(ctx, js, "credential", "hive-1", "hive-2"); err != nil || len(other) != 0 {
 		t.Fatalf("another instance's checkpoints: %+v, %v", other, err)
 	}
-	if lane := ops.CheckpointLane(events.TypeReleasePublished, "1.2.3+build"); !strings.HasPrefix(lane, "release-published._") || strings.ContainsAny(lane, "+") {
-		t.Fatalf("the lane of a version key: %s", lane)
+	if k := workers.CheckpointKey("converge", "prod", events.TypeReleasePublished, "1.2.3+build"); !strings.HasPrefix(k, "cp.converge.prod.release-published._") || strings.ContainsAny(k, "+") {
+		t.Fatalf("the checkpoint key of a version: %s", k)
 	}
 }
