@@ -24,7 +24,6 @@ import (
 	"github.com/compose-spec/compose-go/v2/cli"
 	"github.com/compose-spec/compose-go/v2/types"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/signing"
@@ -558,7 +557,7 @@ func testCompose(t *testing.T, name string, files []string, replicas, natsNodes 
 	upIn := time.Since(start)
 
 	// The test reads the bus as the operator, with setup's credentials.
-	b := connectCreds(t, r.mapAddrs("converge", r.declared("converge", "STEWARD_NATS_URL")), r.env(p.Services["setup"])["STEWARD_NATS_CREDS"])
+	b := connect(t, r.mapAddrs("converge", r.declared("converge", "STEWARD_NATS_URL")), nats.UserCredentials(r.env(p.Services["setup"])["STEWARD_NATS_CREDS"]))
 	r.closedBus(b.nc.ConnectedUrl())
 	for _, s := range []string{events.StreamEvents, events.StreamOutcomes, events.StreamDLQ, "KV_" + workers.CheckpointBucket} {
 		got, err := streamReplicas(b, s)
@@ -743,28 +742,6 @@ func testCompose(t *testing.T, name string, files []string, replicas, natsNodes 
 		figures = append(figures, "full_restart_ready_in", round(restartedIn), "state_kept", fmt.Sprintf("%d/4", kept))
 	}
 	summary(t, "compose-"+name, figures...)
-}
-
-// connectCreds is connect with a credentials file: compose's bus is
-// closed.
-func connectCreds(t testing.TB, urls, creds string) *bus {
-	t.Helper()
-	nc, err := nats.Connect(urls,
-		nats.Name("e2e test"),
-		nats.UserCredentials(creds),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(50*time.Millisecond),
-		nats.RetryOnFailedConnect(true),
-	)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &bus{nc: nc, js: js, pub: publisher.New(js, publisher.WithSource("/steward/e2e"))}
 }
 
 // closedBus proves compose's NATS refuses a client without credentials.

@@ -415,14 +415,14 @@ type bus struct {
 	pub *publisher.Publisher
 }
 
-func connect(t testing.TB, urls string) *bus {
+func connect(t testing.TB, urls string, opts ...nats.Option) *bus {
 	t.Helper()
-	nc, err := nats.Connect(urls,
+	nc, err := nats.Connect(urls, append([]nats.Option{
 		nats.Name("e2e test"),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(50*time.Millisecond),
+		nats.ReconnectWait(50 * time.Millisecond),
 		nats.RetryOnFailedConnect(true),
-	)
+	}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

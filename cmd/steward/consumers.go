@@ -113,7 +113,7 @@ stream, its checkpoints skipping what it had already applied.`,
 			}
 			removed = append(removed, c)
 			if !asJSON {
-				fmt.Fprintln(cmd.OutOrStdout(), escapeControl(fmt.Sprintf("removed consumer %s from %s (%d events were pending)", c.Name, c.Stream, c.Pending)))
+				fmt.Fprintln(cmd.OutOrStdout(), ops.Printable(fmt.Sprintf("removed consumer %s from %s (%d events were pending)", c.Name, c.Stream, c.Pending)))
 			}
 		}
 		if asJSON {

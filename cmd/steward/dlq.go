@@ -233,7 +233,7 @@ func newDLQShowCmd(g *globals, out *outputFlags) *cobra.Command {
 
 func showLetter(w io.Writer, d ops.LetterDetail) {
 	p := func(name, format string, args ...any) {
-		fmt.Fprintf(w, "%s: %s\n", name, escapeControl(fmt.Sprintf(format, args...)))
+		fmt.Fprintf(w, "%s: %s\n", name, ops.Printable(fmt.Sprintf(format, args...)))
 	}
 	p("sequence", "%d", d.Sequence)
 	p("stored", "%s", d.Time.Format(time.RFC3339Nano))
@@ -254,13 +254,13 @@ func showLetter(w io.Writer, d ops.LetterDetail) {
 	}
 	fmt.Fprintln(w, "headers:")
 	for _, h := range d.Headers {
-		fmt.Fprintf(w, "  %s: %s\n", escapeControl(h.Name), escapeControl(h.Value))
+		fmt.Fprintf(w, "  %s: %s\n", ops.Printable(h.Name), ops.Printable(h.Value))
 	}
 	fmt.Fprintln(w, "data:")
 	// Valid JSON may still carry raw C1 controls and bidi overrides inside
 	// its strings: escape each line.
 	for _, line := range strings.Split(d.Data, "\n") {
-		fmt.Fprintf(w, "  %s\n", escapeControl(line))
+		fmt.Fprintf(w, "  %s\n", ops.Printable(line))
 	}
 }
 
@@ -473,8 +473,8 @@ func report(cmd *cobra.Command, asJSON bool, rep *ops.Report) error {
 	}
 	stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
 	for _, r := range rep.Results {
-		worker := escapeControl(r.Worker + "-" + r.Instance)
-		id := escapeControl(cell(r.EventID))
+		worker := ops.Printable(r.Worker + "-" + r.Instance)
+		id := ops.Printable(cell(r.EventID))
 		switch {
 		case r.Result == ops.ResultRetried:
 			note := ""
@@ -483,12 +483,12 @@ func report(cmd *cobra.Command, asJSON bool, rep *ops.Report) error {
 			}
 			fmt.Fprintf(stdout, "retried dlq seq=%d id=%s worker=%s subject=%s new-seq=%d%s\n", r.Sequence, id, worker, r.Subject, r.NewSequence, note)
 		case r.OK():
-			fmt.Fprintf(stdout, "%s dlq seq=%d id=%s worker=%s key=%s\n", r.Result, r.Sequence, id, worker, escapeControl(cell(r.Key)))
+			fmt.Fprintf(stdout, "%s dlq seq=%d id=%s worker=%s key=%s\n", r.Result, r.Sequence, id, worker, ops.Printable(cell(r.Key)))
 		default:
-			fmt.Fprintf(stderr, "%s: dlq seq=%d id=%s worker=%s: %s\n", r.Result, r.Sequence, id, worker, escapeControl(r.Error))
+			fmt.Fprintf(stderr, "%s: dlq seq=%d id=%s worker=%s: %s\n", r.Result, r.Sequence, id, worker, ops.Printable(r.Error))
 		}
 		if r.AuditError != "" {
-			fmt.Fprintf(stderr, "warning: dlq seq=%d: %s\n", r.Sequence, escapeControl(r.AuditError))
+			fmt.Fprintf(stderr, "warning: dlq seq=%d: %s\n", r.Sequence, ops.Printable(r.AuditError))
 		}
 	}
 	fmt.Fprintf(stderr, "%d dead letters %s, %d refused, %d held, %d gone\n", rep.Done, pastTense(rep.Action), rep.Refused, rep.Held, rep.Gone)

@@ -208,25 +208,6 @@ func TestServeDefaultsToLoopback(t *testing.T) {
 	}
 }
 
-// TestTerminalSafe: escapeControl, which every dlq output passes through: control characters, bidi overrides and broken UTF-8
-// come out escaped; ordinary text, UTF-8 included, as it is.
-func TestTerminalSafe(t *testing.T) {
-	for in, want := range map[string]string{
-		"plain":                 "plain",
-		"héllo wörld":           "héllo wörld",
-		"a\x1b[2Ab":             `a\x1b[2Ab`,
-		"tab\there\nnl":         `tab\x09here\x0anl`,
-		"\u202eevil":            `\u202eevil`,
-		"c1\u009b":              `c1\u009b`,
-		"bad\xffutf8":           `bad\xffutf8`,
-		"osc\x1b]52;c;Zm9v\x07": `osc\x1b]52;c;Zm9v\x07`,
-	} {
-		if got := escapeControl(in); got != want {
-			t.Errorf("escapeControl(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 // letterFor writes a dead letter of a valid rotation of hive as worker
 // test-<instance> would, and returns its DLQ sequence.
 func letterFor(t *testing.T, js jetstream.JetStream, instance, hive, reason string) uint64 {

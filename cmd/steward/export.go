@@ -11,6 +11,7 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/atomicfile"
+	"github.com/steward-dev/steward/internal/ops"
 	"github.com/steward-dev/steward/internal/streamread"
 )
 
@@ -77,7 +78,7 @@ the export goes on. Progress is reported on stderr when it takes over a second.`
 				}
 				if err != nil {
 					skipped++
-					fmt.Fprintln(stderr, escapeControl(fmt.Sprintf("seq %d on %s is left out: %v", seq, m.Subject(), err)))
+					fmt.Fprintln(stderr, ops.Printable(fmt.Sprintf("seq %d on %s is left out: %v", seq, m.Subject(), err)))
 					return nil
 				}
 				n++

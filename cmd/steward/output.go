@@ -53,7 +53,7 @@ func printJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// table prints aligned columns. Every cell is escaped (escapeControl): a
+// table prints aligned columns. Every cell is escaped (ops.Printable): a
 // key, an error or an event id read from the bus is data, and a terminal
 // must show it rather than act on it.
 type table struct{ tw *tabwriter.Writer }
@@ -77,7 +77,7 @@ func (t *table) row(cells ...any) {
 
 // line prints text across the columns (a heading, a blank line).
 func (t *table) line(format string, args ...any) {
-	fmt.Fprintln(t.tw, escapeControl(fmt.Sprintf(format, args...)))
+	fmt.Fprintln(t.tw, ops.Printable(fmt.Sprintf(format, args...)))
 }
 
 func (t *table) flush() error { return t.tw.Flush() }
@@ -90,7 +90,7 @@ func cell(v any) string {
 		if x == "" {
 			return "-"
 		}
-		return escapeControl(x)
+		return ops.Printable(x)
 	case time.Time:
 		if x.IsZero() {
 			return "-"
@@ -107,7 +107,7 @@ func cell(v any) string {
 		}
 		return "no"
 	}
-	return escapeControl(fmt.Sprint(v))
+	return ops.Printable(fmt.Sprint(v))
 }
 
 // ago says how long before now t was, rounded for a person.
@@ -133,12 +133,6 @@ func roundDur(d time.Duration) string {
 	}
 	return fmt.Sprintf("%dd", int(d.Hours()/24))
 }
-
-// escapeControl escapes what a terminal would act on rather than show: C0
-// and C1 controls (tabs and newlines too, which would break the table),
-// DEL, Unicode format characters (bidi overrides that reorder a line),
-// line and paragraph separators, and bytes that are not UTF-8.
-func escapeControl(s string) string { return ops.Printable(s) }
 
 // withServerHint adds to an error that found no Steward streams which
 // setting chose the server asked, so an operator who forgot

@@ -54,7 +54,7 @@ until when. Without --until the pause holds until 'steward resume'.`,
 		if until != "" && p.Until != nil {
 			when = "until " + p.Until.Format(time.RFC3339) + " (or `steward resume " + args[0] + " " + args[1] + "`)"
 		}
-		fmt.Fprintln(cmd.OutOrStdout(), escapeControl(fmt.Sprintf("paused %s %s; its events wait at the server", p.Consumer, when)))
+		fmt.Fprintln(cmd.OutOrStdout(), ops.Printable(fmt.Sprintf("paused %s %s; its events wait at the server", p.Consumer, when)))
 		return nil
 	}
 	return cmd
@@ -85,7 +85,7 @@ func newResumeCmd(g *globals) *cobra.Command {
 		if asJSON {
 			return printJSON(cmd.OutOrStdout(), p)
 		}
-		fmt.Fprintln(cmd.OutOrStdout(), escapeControl("resumed "+p.Consumer+"; the server delivers its events again"))
+		fmt.Fprintln(cmd.OutOrStdout(), ops.Printable("resumed "+p.Consumer+"; the server delivers its events again"))
 		return nil
 	}
 	return cmd

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/steward-dev/steward/internal/ops"
 	"github.com/steward-dev/steward/workers"
 )
 
@@ -164,7 +165,7 @@ func printReplayLine(w io.Writer, l replayLine) {
 	if l.Error != "" {
 		verdict += ": " + l.Error
 	}
-	fmt.Fprintln(w, escapeControl(fmt.Sprintf("seq=%d id=%s type=%s key=%s %s", l.Sequence, l.ID, l.Type, l.Key, verdict)))
+	fmt.Fprintln(w, ops.Printable(fmt.Sprintf("seq=%d id=%s type=%s key=%s %s", l.Sequence, l.ID, l.Type, l.Key, verdict)))
 }
 
 func replaySummary(rep replayReport) string {

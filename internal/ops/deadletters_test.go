@@ -35,6 +35,17 @@ type letterSpec struct {
 // one (events.NewDeadLetter), and returns its DLQ sequence.
 func writeLetter(t *testing.T, js jetstream.JetStream, s letterSpec) uint64 {
 	t.Helper()
+	msg := letterMsg(t, s)
+	ack, err := js.PublishMsg(context.Background(), msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
+// letterMsg is the letter the runtime would write for s's rotation.
+func letterMsg(t *testing.T, s letterSpec) *nats.Msg {
+	t.Helper()
 	e, err := events.New(events.TypeCredentialRotated, s.hive, rotation(s.hive, s.version))
 	if err != nil {
 		t.Fatal(err)
@@ -51,11 +62,7 @@ func writeLetter(t *testing.T, js jetstream.JetStream, s letterSpec) uint64 {
 		Stream: events.StreamEvents, Sequence: s.origSeq, Subject: orig.Subject, Delivered: 1, Reason: s.reason,
 		Header: orig.Header, Data: orig.Data,
 	})
-	ack, err := js.PublishMsg(context.Background(), msg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ack.Sequence
+	return msg
 }
 
 func list(t *testing.T, js jetstream.JetStream, f ops.LetterFilter) []ops.Letter {
@@ -298,22 +305,7 @@ func TestDLQBulkRetryKeepsPerKeyOrder(t *testing.T) {
 // taken, as someone who may write steward.dlq.> could.
 func forgeAltered(t *testing.T, js jetstream.JetStream, s letterSpec) uint64 {
 	t.Helper()
-	e, err := events.New(events.TypeCredentialRotated, s.hive, rotation(s.hive, s.version))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.SetID(fmt.Sprintf("rot-%s-%d", s.hive, s.version))
-	e.SetSource("/test")
-	e.SetTime(time.Now().UTC())
-	orig, err := events.Encode(events.EventsPrefix+".credential.rotated."+s.hive, e)
-	if err != nil {
-		t.Fatal(err)
-	}
-	msg, _ := events.NewDeadLetter(events.LetterSource{
-		Consumer: ops.ConsumerName(s.worker, s.instance), DLQSubject: events.DLQSubject(s.worker, s.instance),
-		Stream: events.StreamEvents, Sequence: s.origSeq, Subject: orig.Subject, Delivered: 1, Reason: s.reason,
-		Header: orig.Header, Data: orig.Data,
-	})
+	msg := letterMsg(t, s)
 	msg.Data = bytes.Replace(msg.Data, []byte(`"client-`), []byte(`"attacker-`), 1)
 	msg.Header.Del(nats.MsgIdHdr)
 	ack, err := js.PublishMsg(context.Background(), msg)

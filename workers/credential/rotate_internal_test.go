@@ -99,9 +99,9 @@ func handleAsIs(t testing.TB, w *Worker, data events.CredentialRotated, eventID 
 	if err := e.SetData(events.ContentTypeJSON, raw); err != nil {
 		t.Fatal(err)
 	}
-	b := &recorder{state: workers.NewMemoryState()}
+	b, res := workertest.NewBackend(t)
 	err = w.Handle(context.Background(), workers.NewDelivery(w.Spec(), e, 1, 1, nil, b))
-	return err, b.emitted
+	return err, res.Outcomes
 }
 
 func outcomeNames(list []event.Event) []string {
@@ -111,22 +111,6 @@ func outcomeNames(list []event.Event) []string {
 	}
 	return out
 }
-
-// recorder is the workers.Backend of handleUnchecked: it keeps the
-// outcomes and accepts every stage.
-type recorder struct {
-	emitted []event.Event
-	state   *workers.State
-}
-
-func (r *recorder) Emit(_ context.Context, e event.Event) error {
-	r.emitted = append(r.emitted, e)
-	return nil
-}
-
-func (r *recorder) SaveStage(context.Context, *workers.Delivery, json.RawMessage) error { return nil }
-
-func (r *recorder) State() *workers.State { return r.state }
 
 // openAt opens the credential folder as a rotation does, for a test.
 func openAt(t testing.TB, dir string) *folder {

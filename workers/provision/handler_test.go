@@ -194,26 +194,10 @@ func handleAsIs(t testing.TB, w *Worker, g events.GrantChanged) (error, []event.
 	if err := ev.SetData(events.ContentTypeJSON, raw); err != nil {
 		t.Fatal(err)
 	}
-	b := &recorder{state: workers.NewMemoryState()}
+	b, res := workertest.NewBackend(t)
 	err = w.Handle(context.Background(), workers.NewDelivery(w.Spec(), ev, 1, 1, nil, b))
-	return err, b.emitted
+	return err, res.Outcomes
 }
-
-// recorder is the workers.Backend of handleUnchecked: it keeps the
-// outcomes and accepts every stage.
-type recorder struct {
-	emitted []event.Event
-	state   *workers.State
-}
-
-func (r *recorder) Emit(_ context.Context, e event.Event) error {
-	r.emitted = append(r.emitted, e)
-	return nil
-}
-
-func (r *recorder) SaveStage(context.Context, *workers.Delivery, json.RawMessage) error { return nil }
-
-func (r *recorder) State() *workers.State { return r.state }
 
 // TestStaleGenerationIsSkippedInMemory runs two grants through the handler
 // with workertest, no NATS server: the second, older one is skipped.

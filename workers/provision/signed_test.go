@@ -218,5 +218,6 @@ func newTestDelivery(t *testing.T, w *Worker, g events.GrantChanged) *workers.De
 	e := grantEvent(t, g)
 	e.SetID("grant-" + randomHex(8))
 	e.SetSource("/test")
-	return workers.NewDelivery(w.Spec(), e, 1, 1, nil, &recorder{state: workers.NewMemoryState()})
+	b, _ := workertest.NewBackend(t)
+	return workers.NewDelivery(w.Spec(), e, 1, 1, nil, b)
 }

@@ -367,6 +367,15 @@ func call(ctx context.Context, h workers.Handler, d *workers.Delivery) (err erro
 	return h.Handle(ctx, d)
 }
 
+// NewBackend is a workers.Backend in memory with a fresh state, for a
+// handler called directly on a workers.NewDelivery, past the validation
+// Work applies (to show what the handler itself does with an event the
+// runtime would refuse): its outcomes and stages land in the Result.
+func NewBackend(t testing.TB) (workers.Backend, *Result) {
+	res := &Result{t: t}
+	return &memBackend{res: res, state: workers.NewMemoryState()}, res
+}
+
 // memBackend is the Runner's workers.Backend: everything lands in the
 // Result of the call.
 type memBackend struct {

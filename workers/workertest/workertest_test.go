@@ -411,3 +411,26 @@ func TestReplayFileOnTheRealRuntimeAgreesWithMemory(t *testing.T) {
 		}
 	}
 }
+
+// TestNewBackendKeepsWhatAHandlerDoes calls a handler directly on a
+// workers.NewDelivery over NewBackend: its outcome and its stage are in
+// the Result, and a second emit of the same outcome is stored once, as the
+// outcome stream's dedupe window keeps it.
+func TestNewBackendKeepsWhatAHandlerDoes(t *testing.T) {
+	b, res := workertest.NewBackend(t)
+	d := workers.NewDelivery(spec(&versions{}), rotation(t, 1, "c1"), 7, 1, nil, b)
+	for range 2 {
+		if err := d.Emit(context.Background(), "applied", map[string]int{"version": 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.SaveStage(context.Background(), map[string]string{"step": "written"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Outcomes) != 1 || workertest.OutcomeName(res.Outcomes[0]) != "applied" {
+		t.Fatalf("outcomes %v, want one applied", res.Outcomes)
+	}
+	if len(res.Stages) != 1 || res.Stages[0].Sequence != 7 || string(res.Stages[0].Stage) != `{"step":"written"}` {
+		t.Fatalf("stages %+v, want the one saved at sequence 7", res.Stages)
+	}
+}
