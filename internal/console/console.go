@@ -116,7 +116,7 @@ func New(cfg Config) (*Console, error) {
 	case cfg.JS == nil:
 		return nil, errors.New("the console has no NATS connection: it needs the operator's, to read status and history")
 	case cfg.Publisher == nil:
-		return nil, errors.New("the console has no publisher")
+		return nil, errors.New("the console has no publisher: it publishes what an operator submits, so it needs the ingress's (Config.Publisher)")
 	}
 	if cfg.SessionTTL <= 0 {
 		cfg.SessionTTL = DefaultSessionTTL

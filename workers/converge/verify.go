@@ -153,7 +153,7 @@ func verifyEvidence(keys releaseKeys, version string, ev Evidence) (Manifest, st
 // it.
 func verifySignature(keys releaseKeys, version string, ev Evidence) error {
 	if len(keys) == 0 {
-		return errors.New("no release key is configured")
+		return errors.New("no release key is configured, so no release can be verified: give --release-key (STEWARD_RELEASE_KEY)")
 	}
 	if len(ev.Bundle) > 0 {
 		return verifyBundle(keys, version, ev.Manifest, ev.Bundle)
