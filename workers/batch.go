@@ -131,14 +131,14 @@ func (w *Runtime) ackRun(run []*held) {
 	last := run[len(run)-1]
 	w.m.count(last.handled)
 	w.acks.Add(1)
-	go func() {
+	w.runners.run(func() {
 		defer w.acks.Done()
 		w.confirm(last, w.logFor(last), func(settled time.Time) {
 			for _, h := range run {
 				w.settled(h, h.handled, settled)
 			}
 		})
-	}()
+	})
 }
 
 // confirm waits for h's ack to be confirmed, then calls done with the time

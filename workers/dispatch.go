@@ -13,7 +13,7 @@ func (w *Runtime) startLane(name string, l *lane) {
 	}
 	l.running = true
 	w.tasks.Add(1)
-	go w.runLane(name, l)
+	w.runners.run(func() { w.runLane(name, l) })
 }
 
 // runLane handles a lane's events one at a time until it is empty, held up

@@ -75,8 +75,11 @@ type Runtime struct {
 	// lastStatus is the status document last written (without its time).
 	lastStatus []byte
 
-	sem   chan struct{}
-	tasks sync.WaitGroup
+	sem chan struct{}
+	// runners run lanes and ack confirmations on goroutines kept between
+	// them (runners.go).
+	runners *runners
+	tasks   sync.WaitGroup
 	// acks tracks confirmations still in flight, waited for at shutdown.
 	acks sync.WaitGroup
 	// handlerCtx outlives the Run context by the shutdown grace, so
@@ -148,12 +151,13 @@ func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts
 	}
 	w := &Runtime{
 		js: js, spec: spec, handler: h, o: o,
-		lanes: map[string]*lane{},
-		held:  map[uint64]*held{},
-		cps:   newCPCache(cpCacheSize),
-		sem:   make(chan struct{}, o.concurrency),
-		stop:  make(chan struct{}),
-		m:     newMetrics(o.registerer).forInstance(spec.Name, spec.Instance),
+		lanes:   map[string]*lane{},
+		held:    map[uint64]*held{},
+		cps:     newCPCache(cpCacheSize),
+		sem:     make(chan struct{}, o.concurrency),
+		runners: newRunners(),
+		stop:    make(chan struct{}),
+		m:       newMetrics(o.registerer).forInstance(spec.Name, spec.Instance),
 	}
 	w.log = o.logger.With().Str("worker", spec.Name).Str("instance", spec.Instance).Logger()
 	tp := o.tracerProvider

@@ -16,10 +16,10 @@ import (
 func (w *Runtime) ack(h *held, result string, log zerolog.Logger) {
 	w.m.count(result)
 	w.acks.Add(1)
-	go func() {
+	w.runners.run(func() {
 		defer w.acks.Done()
 		w.confirm(h, log, func(at time.Time) { w.settled(h, result, at) })
-	}()
+	})
 }
 
 // supersede settles h, an event of a latest-wins kind not yet applied,
