@@ -20,18 +20,25 @@ and publish --events events, as one burst or at --rate events per second,
 through three paths in turn: a no-op worker run by the runtime (every event
 reaches the handler, is checkpointed and its ack confirmed), a plain pull
 consumer that acks fire-and-forget, and one that confirms each ack serially
-(DoubleAck). For each it prints events per second and the p50 and p99 of two
-latencies, publish to the handler and publish to settled, then the ratios
-the targets are stated in. Compare figures within one run only: the machine
-is shared and absolute figures drift.`,
+(DoubleAck). Each path first gets a short unmeasured burst, so none pays for
+the process's cold start; then --rounds rounds measure each path once, the
+first path changing from round to round. For each path it prints events per
+second and the p50 and p99 of two latencies, publish to the handler and
+publish to settled (medians over the rounds), then the ratios the targets
+are stated in (the medians of each round's own) and each round's. Compare
+figures within one run only: the machine is shared and absolute figures
+drift.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.Rounds < 1 {
+				return fmt.Errorf("--rounds %d: want at least 1", o.Rounds)
+			}
 			out := cmd.OutOrStdout()
 			mode := "as one burst"
 			if o.Rate > 0 {
 				mode = fmt.Sprintf("at %d events/s", o.Rate)
 			}
-			fmt.Fprintf(out, "publishing %d events over %d keys %s through each path...\n", o.Events, o.Keys, mode)
+			fmt.Fprintf(out, "publishing %d events over %d keys %s through each path, %d rounds...\n", o.Events, o.Keys, mode, o.Rounds)
 			o.Progress = func(path string, settled, total int) {
 				fmt.Fprintf(cmd.ErrOrStderr(), "  %s: %d of %d settled\n", path, settled, total)
 			}
@@ -48,6 +55,7 @@ is shared and absolute figures drift.`,
 	fs.IntVar(&o.Keys, "keys", 64, "distinct keys the events spread over")
 	fs.IntVar(&o.Concurrency, "concurrency", workers.DefaultConcurrency, "the runtime's concurrency (keys handled at once)")
 	fs.IntVar(&o.Rate, "rate", 0, "publish at this many events per second instead of one burst")
+	fs.IntVar(&o.Rounds, "rounds", 3, "how many times each path is measured; the report gives the medians")
 	fs.DurationVar(&o.Timeout, "timeout", 5*time.Minute, "give up on a path after this long")
 	cmd.AddCommand(newBenchFleetCmd(g))
 	return cmd

@@ -11,6 +11,14 @@
 // paths' ack call returned). Events go out as one burst, or at a steady
 // rate (Options.Rate). Figures are only ever compared within one run: the
 // machines it runs on are shared, and absolute figures drift by a third.
+//
+// A run first sends a short burst through each path, unmeasured, so that
+// none of them pays for the process's cold start (the heap growing, the
+// streams' first files), which otherwise fell on whichever path went first.
+// It then measures Options.Rounds rounds, each path once a round and the
+// first path changing from round to round, and reports the median of each
+// figure and of each round's ratios. Each path's consumer is deleted after
+// its turn, so that no path pays for an idle one left by an earlier turn.
 package bench
 
 import (
@@ -49,6 +57,9 @@ type Options struct {
 	// Rate, when above zero, publishes at this many events per second
 	// instead of one burst.
 	Rate int
+	// Rounds is how many times each path is measured (default 1); the
+	// report gives the medians.
+	Rounds int
 	// Timeout bounds each path (default 5 minutes).
 	Timeout time.Duration
 	// Progress, when set, is called about once a second while a path
@@ -70,38 +81,104 @@ type Measure struct {
 	Handler, Settled Latency
 }
 
-// Result is one run: the same events through the three paths.
-type Result struct {
-	Rate      int
+// Round is one measure of each path, taken one after the other.
+type Round struct {
 	Runtime   Measure
 	RawAck    Measure
 	RawDouble Measure
 }
 
 // Ratio is the runtime's throughput as a fraction of the raw Ack path's.
-func (r Result) Ratio() float64 {
-	if r.RawAck.PerSecond == 0 {
-		return 0
-	}
-	return r.Runtime.PerSecond / r.RawAck.PerSecond
-}
+func (r Round) Ratio() float64 { return ratio(r.Runtime.PerSecond, r.RawAck.PerSecond) }
 
 // SettledRatio is the runtime's p99 publish-to-settled over the raw serial
 // DoubleAck path's.
-func (r Result) SettledRatio() float64 {
-	if r.RawDouble.Settled.P99 == 0 {
-		return 0
-	}
-	return float64(r.Runtime.Settled.P99) / float64(r.RawDouble.Settled.P99)
+func (r Round) SettledRatio() float64 {
+	return ratio(float64(r.Runtime.Settled.P99), float64(r.RawDouble.Settled.P99))
 }
 
 // HandlerRatio is the runtime's p99 publish-to-handler over the raw serial
 // DoubleAck path's.
-func (r Result) HandlerRatio() float64 {
-	if r.RawDouble.Handler.P99 == 0 {
+func (r Round) HandlerRatio() float64 {
+	return ratio(float64(r.Runtime.Handler.P99), float64(r.RawDouble.Handler.P99))
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
 		return 0
 	}
-	return float64(r.Runtime.Handler.P99) / float64(r.RawDouble.Handler.P99)
+	return a / b
+}
+
+// Result is one run: the same events through the three paths, in one or
+// more rounds. Its Round holds the median of each figure over the rounds,
+// and its ratios are the medians of the rounds' own: a ratio compares two
+// paths measured minutes apart at most.
+type Result struct {
+	Rate int
+	Round
+	Rounds []Round
+}
+
+// Ratio is the median over the rounds of the runtime's throughput as a
+// fraction of the raw Ack path's.
+func (r Result) Ratio() float64 { return r.median(Round.Ratio) }
+
+// SettledRatio is the median over the rounds of the runtime's p99
+// publish-to-settled over the raw serial DoubleAck path's.
+func (r Result) SettledRatio() float64 { return r.median(Round.SettledRatio) }
+
+// HandlerRatio is the median over the rounds of the runtime's p99
+// publish-to-handler over the raw serial DoubleAck path's.
+func (r Result) HandlerRatio() float64 { return r.median(Round.HandlerRatio) }
+
+func (r Result) median(of func(Round) float64) float64 {
+	if len(r.Rounds) == 0 {
+		return of(r.Round)
+	}
+	v := make([]float64, len(r.Rounds))
+	for i, round := range r.Rounds {
+		v[i] = of(round)
+	}
+	return medianOf(v)
+}
+
+// medianOf is the middle value, or the mean of the two middle ones.
+func medianOf[T int64 | float64](v []T) T {
+	slices.Sort(v)
+	n := len(v)
+	if n%2 == 1 {
+		return v[n/2]
+	}
+	return (v[n/2-1] + v[n/2]) / 2
+}
+
+// medianMeasure is the median of each figure of ms, figure by figure.
+func medianMeasure(ms []Measure) Measure {
+	pick := func(of func(Measure) int64) int64 {
+		v := make([]int64, len(ms))
+		for i, m := range ms {
+			v[i] = of(m)
+		}
+		return medianOf(v)
+	}
+	rate := make([]float64, len(ms))
+	for i, m := range ms {
+		rate[i] = m.PerSecond
+	}
+	return Measure{
+		Events:    ms[0].Events,
+		Elapsed:   time.Duration(pick(func(m Measure) int64 { return int64(m.Elapsed) })),
+		PerSecond: medianOf(rate),
+		Handler: Latency{
+			P50: time.Duration(pick(func(m Measure) int64 { return int64(m.Handler.P50) })),
+			P99: time.Duration(pick(func(m Measure) int64 { return int64(m.Handler.P99) })),
+		},
+		Settled: Latency{
+			P50: time.Duration(pick(func(m Measure) int64 { return int64(m.Settled.P50) })),
+			P99: time.Duration(pick(func(m Measure) int64 { return int64(m.Settled.P99) })),
+		},
+	}
 }
 
 // String is the report `steward bench` prints.
@@ -121,12 +198,27 @@ func (r Result) String() string {
 	if r.Rate > 0 {
 		mode = fmt.Sprintf("%d events/s", r.Rate)
 	}
-	return fmt.Sprintf("published as %s\n", mode) +
-		line("runtime (no-op worker)", r.Runtime) +
+	out := fmt.Sprintf("published as %s\n", mode)
+	if len(r.Rounds) > 1 {
+		out = fmt.Sprintf("published as %s; medians of %d rounds\n", mode, len(r.Rounds))
+	}
+	out += line("runtime (no-op worker)", r.Runtime) +
 		line("raw consumer, Ack", r.RawAck) +
 		line("raw consumer, serial DoubleAck", r.RawDouble) +
 		fmt.Sprintf("runtime / raw Ack throughput: %.2f\n", r.Ratio()) +
 		fmt.Sprintf("runtime / raw DoubleAck p99 settled: %.2f, p99 handler: %.2f\n", r.SettledRatio(), r.HandlerRatio())
+	if len(r.Rounds) > 1 {
+		each := func(of func(Round) float64) string {
+			v := make([]string, len(r.Rounds))
+			for i, round := range r.Rounds {
+				v[i] = fmt.Sprintf("%.2f", of(round))
+			}
+			return strings.Join(v, " ")
+		}
+		out += fmt.Sprintf("by round: throughput %s; p99 settled %s; p99 handler %s\n",
+			each(Round.Ratio), each(Round.SettledRatio), each(Round.HandlerRatio))
+	}
+	return out
 }
 
 // Env is an embedded JetStream server with its store in a temporary
@@ -401,7 +493,11 @@ func (e *Env) Runtime(ctx context.Context, o Options) (Measure, error) {
 	runCtx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(runCtx) }()
-	defer func() { stop(); <-done }()
+	defer func() {
+		stop()
+		<-done
+		e.deleteConsumer(events.StreamEvents, w.ConsumerName())
+	}()
 	for w.Ready() != nil {
 		select {
 		case <-ctx.Done():
@@ -445,6 +541,7 @@ func (e *Env) Raw(ctx context.Context, o Options, double bool) (Measure, error) 
 	if err != nil {
 		return Measure{}, err
 	}
+	defer e.deleteConsumer(rawStream, cons.CachedInfo().Name)
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		id := m.Headers().Get("ce-id")
 		t.handle(id)
@@ -474,6 +571,15 @@ func (e *Env) Raw(ctx context.Context, o Options, double bool) (Measure, error) 
 	return t.measure(), nil
 }
 
+// deleteConsumer removes a path's consumer once its turn is over. A
+// failure costs only fairness, since a consumer left behind is one more the
+// server considers on every publish, so it is not an error.
+func (e *Env) deleteConsumer(stream, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = e.pubJS.DeleteConsumer(ctx, stream, name)
+}
+
 func (e *Env) purge(ctx context.Context, stream string) error {
 	s, err := e.pubJS.Stream(ctx, stream)
 	if err != nil {
@@ -492,26 +598,56 @@ func (o Options) withDefaults() Options {
 	if o.Timeout <= 0 {
 		o.Timeout = 5 * time.Minute
 	}
+	if o.Rounds <= 0 {
+		o.Rounds = 1
+	}
 	return o
 }
 
-// Run starts an embedded server, measures the three paths over the same
-// number of events, and stops the server.
+// warmUpEvents is the size of the unmeasured burst each path gets first.
+const warmUpEvents = 2000
+
+// Run starts an embedded server, warms each path up, measures the three
+// paths over the same number of events in each of o.Rounds rounds, and
+// stops the server.
 func Run(ctx context.Context, o Options) (Result, error) {
+	o = o.withDefaults()
 	env, err := Start(ctx)
 	if err != nil {
 		return Result{}, err
 	}
 	defer env.Close()
-	res := Result{Rate: o.Rate}
-	if res.Runtime, err = env.Runtime(ctx, o); err != nil {
-		return Result{}, fmt.Errorf("runtime: %w", err)
+	type path struct {
+		name    string
+		measure func(Options) (Measure, error)
+		into    func(*Round) *Measure
 	}
-	if res.RawAck, err = env.Raw(ctx, o, false); err != nil {
-		return Result{}, fmt.Errorf("raw Ack: %w", err)
+	paths := []path{
+		{"runtime", func(o Options) (Measure, error) { return env.Runtime(ctx, o) }, func(r *Round) *Measure { return &r.Runtime }},
+		{"raw Ack", func(o Options) (Measure, error) { return env.Raw(ctx, o, false) }, func(r *Round) *Measure { return &r.RawAck }},
+		{"raw DoubleAck", func(o Options) (Measure, error) { return env.Raw(ctx, o, true) }, func(r *Round) *Measure { return &r.RawDouble }},
 	}
-	if res.RawDouble, err = env.Raw(ctx, o, true); err != nil {
-		return Result{}, fmt.Errorf("raw DoubleAck: %w", err)
+	warm := Options{Events: min(warmUpEvents, o.Events), Keys: o.Keys, Concurrency: o.Concurrency, Timeout: o.Timeout}
+	for _, p := range paths {
+		if _, err := p.measure(warm); err != nil {
+			return Result{}, fmt.Errorf("%s, warming up: %w", p.name, err)
+		}
 	}
+	res := Result{Rate: o.Rate, Rounds: make([]Round, o.Rounds)}
+	for i := range res.Rounds {
+		for j := range paths {
+			p := paths[(i+j)%len(paths)]
+			m, err := p.measure(o)
+			if err != nil {
+				return Result{}, fmt.Errorf("%s, round %d: %w", p.name, i+1, err)
+			}
+			*p.into(&res.Rounds[i]) = m
+		}
+	}
+	var rt, ack, double []Measure
+	for _, r := range res.Rounds {
+		rt, ack, double = append(rt, r.Runtime), append(ack, r.RawAck), append(double, r.RawDouble)
+	}
+	res.Round = Round{Runtime: medianMeasure(rt), RawAck: medianMeasure(ack), RawDouble: medianMeasure(double)}
 	return res, nil
 }

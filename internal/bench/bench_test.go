@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/steward-dev/steward/events"
 )
 
 // TestRunMeasuresBothPaths proves a small run handles every event on both
@@ -27,6 +29,55 @@ func TestRunMeasuresBothPaths(t *testing.T) {
 	t.Log("\n" + res.String())
 }
 
+// TestRoundsReportMediansAndTheirOwnRatios proves a run of three rounds
+// measures every path three times, reports the median of each figure, and
+// takes its ratios as the median of each round's, not the ratio of the
+// medians; and that a path leaves no consumer behind for the next.
+func TestRoundsReportMediansAndTheirOwnRatios(t *testing.T) {
+	res, err := Run(context.Background(), Options{Events: 200, Keys: 8, Rounds: 3, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Rounds) != 3 {
+		t.Fatalf("%d rounds, want 3", len(res.Rounds))
+	}
+	var rates []float64
+	var ratios []float64
+	for i, r := range res.Rounds {
+		if r.Runtime.Events != 200 || r.RawAck.Events != 200 || r.RawDouble.Events != 200 {
+			t.Fatalf("round %d: %+v", i+1, r)
+		}
+		rates, ratios = append(rates, r.Runtime.PerSecond), append(ratios, r.SettledRatio())
+	}
+	if got, want := res.Runtime.PerSecond, medianOf(rates); got != want {
+		t.Fatalf("runtime rate %v, want the median of %v", got, rates)
+	}
+	if got, want := res.SettledRatio(), medianOf(ratios); got != want {
+		t.Fatalf("settled ratio %v, want the median of the rounds' %v", got, ratios)
+	}
+	if !strings.Contains(res.String(), "medians of 3 rounds") || !strings.Contains(res.String(), "by round:") {
+		t.Fatalf("the report does not say it gives medians, or the rounds:\n%s", res)
+	}
+}
+
+func TestMedians(t *testing.T) {
+	if got := medianOf([]float64{3, 1, 2}); got != 2 {
+		t.Fatalf("median of 3,1,2 = %v", got)
+	}
+	if got := medianOf([]int64{4, 1, 3, 2}); got != 2 {
+		t.Fatalf("median of 4,1,3,2 = %v, want 2 (the mean of 2 and 3, in integers)", got)
+	}
+	ms := []Measure{
+		{Events: 5, PerSecond: 10, Handler: Latency{P50: 1, P99: 9}, Settled: Latency{P50: 2, P99: 30}},
+		{Events: 5, PerSecond: 30, Handler: Latency{P50: 3, P99: 7}, Settled: Latency{P50: 4, P99: 10}},
+		{Events: 5, PerSecond: 20, Handler: Latency{P50: 2, P99: 8}, Settled: Latency{P50: 3, P99: 20}},
+	}
+	want := Measure{Events: 5, PerSecond: 20, Handler: Latency{P50: 2, P99: 8}, Settled: Latency{P50: 3, P99: 20}}
+	if got := medianMeasure(ms); got != want {
+		t.Fatalf("median measure %+v, want %+v (each figure's own median)", got, want)
+	}
+}
+
 // TestEnvRunsAgain proves successive runs on one server each see only
 // their own events (the benchmark harness calls it repeatedly).
 func TestEnvRunsAgain(t *testing.T) {
@@ -45,6 +96,20 @@ func TestEnvRunsAgain(t *testing.T) {
 		}
 		if m, err = env.Raw(context.Background(), Options{Events: n, Timeout: time.Minute}, true); err != nil || m.Events != n {
 			t.Fatalf("raw: %+v, %v", m, err)
+		}
+	}
+	// Each path deleted its consumer when its turn was over.
+	for _, stream := range []string{events.StreamEvents, rawStream} {
+		s, err := env.pubJS.Stream(context.Background(), stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := s.ConsumerNames(context.Background())
+		for name := range names.Name() {
+			t.Errorf("consumer %s is left on %s after its turn", name, stream)
+		}
+		if err := names.Err(); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
