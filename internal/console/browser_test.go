@@ -20,8 +20,9 @@ import (
 )
 
 // Browser tests drive Debian's Chromium headless (apt-get install
-// chromium; .ci/run installs it) against the console in process. They skip
-// where no Chromium is installed. STEWARD_CONSOLE_SCREENSHOTS=<dir> saves
+// chromium; .ci/run installs it) against the console in process. Where no
+// Chromium is installed they skip, and under CI they fail
+// (workertest.Requires). STEWARD_CONSOLE_SCREENSHOTS=<dir> saves
 // a screenshot of each page they reach there (docs/console-*.png).
 
 func chromium(t *testing.T) string {
