@@ -17,16 +17,20 @@ func until(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// A runner counts itself idle just before it waits, so work handed over
+// in that instant may start a second runner: the test allows for a few,
+// where a runner that never took the next work would start twenty.
 func TestARunnerThatFinishedTakesTheNextWork(t *testing.T) {
 	r := newRunners()
-	for i := range 3 {
+	const pieces = 20
+	for range pieces {
 		done := make(chan struct{})
 		r.run(func() { close(done) })
 		<-done
-		until(t, "the runner to wait for work", func() bool { return r.idle.Load() == 1 })
-		if n := r.started.Load(); n != 1 {
-			t.Fatalf("after %d pieces of work one after the other, %d runners started, want 1", i+1, n)
-		}
+		until(t, "a runner to wait for work", func() bool { return r.idle.Load() >= 1 })
+	}
+	if n := r.started.Load(); n > 3 {
+		t.Fatalf("%d pieces of work one after the other started %d runners; a finished runner should have taken the next", pieces, n)
 	}
 }
 
