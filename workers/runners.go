@@ -1,6 +1,7 @@
 package workers
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -15,15 +16,16 @@ const runnerIdle = 2 * time.Second
 // stack, and an event's way through decoding, the schema's validation
 // (regular expressions) and the handler grew it several times, each time
 // by copying it: with a goroutine per event, that copying was about a
-// tenth of the runtime's CPU at 1,000 events/s, and the lanes' share of
-// the handler's p99. A runner keeps the stack it grew (until the garbage
-// collector finds it idle and shrinks it) for the work that follows.
+// tenth of the runtime's CPU at 1,000 events/s. A runner keeps the stack
+// it grew (until the garbage collector finds it idle and shrinks it) for
+// the work that follows.
 type runners struct {
 	work chan func()
 	// idleFor is runnerIdle but in tests.
 	idleFor time.Duration
-	// started counts the goroutines started, idle those waiting for work.
-	started, idle atomic.Int64
+	// started counts the runners started; live holds those running.
+	started atomic.Int64
+	live    sync.WaitGroup
 }
 
 func newRunners() *runners { return &runners{work: make(chan func()), idleFor: runnerIdle} }
@@ -35,6 +37,7 @@ func (r *runners) run(f func()) {
 	case r.work <- f:
 	default:
 		r.started.Add(1)
+		r.live.Add(1)
 		go r.loop(f)
 	}
 }
@@ -42,17 +45,15 @@ func (r *runners) run(f func()) {
 // loop runs f and then whatever run hands it, until nothing comes for
 // idleFor.
 func (r *runners) loop(f func()) {
+	defer r.live.Done()
 	idle := time.NewTimer(r.idleFor)
 	defer idle.Stop()
 	for {
 		f()
 		idle.Reset(r.idleFor)
-		r.idle.Add(1)
 		select {
 		case f = <-r.work:
-			r.idle.Add(-1)
 		case <-idle.C:
-			r.idle.Add(-1)
 			return
 		}
 	}

@@ -5,32 +5,30 @@ import (
 	"time"
 )
 
-// until waits for cond, failing the test after a deadline.
-func until(t *testing.T, what string, cond func() bool) {
+// handOver gives f to a runner that is waiting for work, failing the test
+// if none takes it within a deadline: only a runner receives from work.
+func handOver(t *testing.T, r *runners, f func()) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited 5s for %s", what)
-		}
-		time.Sleep(time.Millisecond)
+	select {
+	case r.work <- f:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no runner took the work within 5s")
 	}
 }
 
-// A runner counts itself idle just before it waits, so work handed over
-// in that instant may start a second runner: the test allows for a few,
-// where a runner that never took the next work would start twenty.
 func TestARunnerThatFinishedTakesTheNextWork(t *testing.T) {
 	r := newRunners()
-	const pieces = 20
-	for range pieces {
+	for i := range 3 {
 		done := make(chan struct{})
-		r.run(func() { close(done) })
+		if i == 0 {
+			r.run(func() { close(done) })
+		} else {
+			handOver(t, r, func() { close(done) })
+		}
 		<-done
-		until(t, "a runner to wait for work", func() bool { return r.idle.Load() >= 1 })
 	}
-	if n := r.started.Load(); n > 3 {
-		t.Fatalf("%d pieces of work one after the other started %d runners; a finished runner should have taken the next", pieces, n)
+	if n := r.started.Load(); n != 1 {
+		t.Fatalf("three pieces of work one after the other started %d runners, want 1: the finished runner takes the next", n)
 	}
 }
 
@@ -56,8 +54,13 @@ func TestIdleRunnersExit(t *testing.T) {
 	done := make(chan struct{})
 	r.run(func() { close(done) })
 	<-done
-	until(t, "the runner to wait for work", func() bool { return r.idle.Load() == 1 })
-	until(t, "the idle runner to exit", func() bool { return r.idle.Load() == 0 })
+	exited := make(chan struct{})
+	go func() { r.live.Wait(); close(exited) }()
+	select {
+	case <-exited:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the idle runner did not exit within 5s of its idle time of 10ms")
+	}
 	// The next piece of work starts a new one.
 	done = make(chan struct{})
 	r.run(func() { close(done) })
