@@ -117,10 +117,7 @@ func (w *Runtime) flush(b *batch) {
 // one connection's acks in the order they were sent, its confirmation
 // confirms the run.
 func (w *Runtime) ackRun(run []*held) {
-	if len(run) == 1 {
-		w.ack(run[0], run[0].handled, w.logFor(run[0]))
-		return
-	}
+	last := run[len(run)-1]
 	for _, h := range run[:len(run)-1] {
 		w.m.count(h.handled)
 		if err := h.msg.Ack(); err != nil {
@@ -128,29 +125,29 @@ func (w *Runtime) ackRun(run []*held) {
 			log.Warn().Err(err).Msg("ack not sent; a redelivery will be skipped by the checkpoint")
 		}
 	}
-	last := run[len(run)-1]
 	w.m.count(last.handled)
-	w.acks.Add(1)
-	w.runners.run(func() {
-		defer w.acks.Done()
-		w.confirm(last, w.logFor(last), func(settled time.Time) {
-			for _, h := range run {
-				w.settled(h, h.handled, settled)
-			}
-		})
+	w.confirm(last, w.logFor(last), func(at time.Time) {
+		for _, h := range run {
+			w.settled(h, h.handled, at)
+		}
 	})
 }
 
-// confirm waits for h's ack to be confirmed, then calls done with the time
-// it was.
+// confirm acks h and waits for the server to confirm it on a runner, off
+// the caller's path (the checkpoint already says h is settled), then calls
+// done with the time it was confirmed. Shutdown waits for it (w.acks).
 func (w *Runtime) confirm(h *held, log zerolog.Logger, done func(time.Time)) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := h.msg.DoubleAck(ctx); err != nil {
-		log.Warn().Err(err).Msg("ack not confirmed; a redelivery will be skipped by the checkpoint")
-		return
-	}
-	done(w.now())
+	w.acks.Add(1)
+	w.runners.run(func() {
+		defer w.acks.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := h.msg.DoubleAck(ctx); err != nil {
+			log.Warn().Err(err).Msg("ack not confirmed; a redelivery will be skipped by the checkpoint")
+			return
+		}
+		done(w.now())
+	})
 }
 
 // settled reports a confirmed event to the settled hook.

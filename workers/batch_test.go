@@ -3,6 +3,7 @@ package workers_test
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -53,16 +54,10 @@ func TestARunOfOneKeySharesOneCheckpointWrite(t *testing.T) {
 	close(g.release)
 	workertest.WaitIdle(t, js, r.ConsumerName())
 
-	order := g.handled()
 	mu.Lock()
 	defer mu.Unlock()
-	for i, v := range order {
-		if v != uint64(i+1) {
-			t.Fatalf("handled in the order %v, want 1..%d", order, n)
-		}
-	}
-	if len(order) != n || len(settled) != n {
-		t.Fatalf("%d handled and %d confirmed, want %d each", len(order), len(settled), n)
+	if order := g.handled(); !slices.Equal(order, oneTo(n)) || len(settled) != n {
+		t.Fatalf("handled %v and confirmed %d, want 1..%d in order, each confirmed", order, len(settled), n)
 	}
 	// Every write up to the one that records the last event: the
 	// checkpoint is written before the acks WaitIdle saw confirmed.
@@ -129,15 +124,18 @@ func TestARunWhoseCheckpointCannotBeWrittenIsRecordedLater(t *testing.T) {
 	}
 	workertest.WaitIdle(t, js, r.ConsumerName())
 
-	got := g.handled()
-	for i, v := range got {
-		if v != uint64(i+1) {
-			t.Fatalf("handled the versions %v, want each of 1..%d exactly once, in order", got, n)
-		}
-	}
-	if len(got) != n {
+	if got := g.handled(); !slices.Equal(got, oneTo(n)) {
 		t.Fatalf("handled the versions %v, want each of 1..%d exactly once, in order", got, n)
 	}
+}
+
+// oneTo is the versions 1..n.
+func oneTo(n int) []uint64 {
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = uint64(i + 1)
+	}
+	return out
 }
 
 // gate is a handler that holds version 1 until release is closed, so the

@@ -26,7 +26,8 @@ import (
 // key's order across processes, settle.go acks, retries, supersedes and
 // dead-letters, checkpoint.go keeps progress, batch.go records a run of a
 // key's settled events with one checkpoint write, heartbeat.go keeps held
-// messages alive and status.go publishes what is retrying.
+// messages alive, status.go publishes what is retrying and runners.go keeps
+// the goroutines lanes and confirmations run on.
 type Runtime struct {
 	js       jetstream.JetStream
 	spec     Spec

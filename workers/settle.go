@@ -15,11 +15,7 @@ import (
 // lost ack only means a redelivery, which the checkpoint skips.
 func (w *Runtime) ack(h *held, result string, log zerolog.Logger) {
 	w.m.count(result)
-	w.acks.Add(1)
-	w.runners.run(func() {
-		defer w.acks.Done()
-		w.confirm(h, log, func(at time.Time) { w.settled(h, result, at) })
-	})
+	w.confirm(h, log, func(at time.Time) { w.settled(h, result, at) })
 }
 
 // supersede settles h, an event of a latest-wins kind not yet applied,
