@@ -187,9 +187,14 @@ func TestConcurrentReaderSeesMatchedPairs(t *testing.T) {
 		}
 		viaData++
 	}
+	// The reader says when it has made one matched read each way, so the
+	// test stops it only then: on a loaded machine it may get little time
+	// while the rotations run, and after the last one the pair holds still.
+	readBoth := make(chan struct{})
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		signalled := false
 		for {
 			select {
 			case <-stop:
@@ -198,6 +203,10 @@ func TestConcurrentReaderSeesMatchedPairs(t *testing.T) {
 			}
 			stablePath()
 			viaDataLink()
+			if matched > 0 && viaData > 0 && !signalled {
+				close(readBoth)
+				signalled = true
+			}
 			// Let the worker's goroutines run on a machine with few cores.
 			runtime.Gosched()
 		}
@@ -217,6 +226,11 @@ func TestConcurrentReaderSeesMatchedPairs(t *testing.T) {
 		})
 	}
 	elapsed := time.Since(start)
+	select {
+	case <-readBoth:
+	case <-time.After(30 * time.Second):
+		t.Error("the readers made no matched read each way within 30s of the last rotation")
+	}
 	close(stop)
 	wg.Wait()
 

@@ -15,13 +15,14 @@ import (
 // foreign owner is made with Lchown.
 const foreignUID = 65534
 
-// waitFailures waits until n more deliveries than before have been handled
-// and returns the error lines logged meanwhile.
-func (h *hive) waitFailures(n int64, what string) []string {
+// waitFailures waits until n more deliveries than before have failed and
+// been logged, and returns the error lines logged meanwhile. It waits on
+// the lines themselves: the runtime logs a failure after the handler has
+// returned, so a count of handler calls runs ahead of them.
+func (h *hive) waitFailures(n int, what string) []string {
 	h.t.Helper()
 	before := len(h.logs.lines("error"))
-	start := h.attempts.Load()
-	workertest.WaitUntil(h.t, what, func() bool { return h.attempts.Load() >= start+n })
+	workertest.WaitUntil(h.t, what, func() bool { return len(h.logs.lines("error")) >= before+n })
 	return h.logs.lines("error")[before:]
 }
 
