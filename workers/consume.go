@@ -2,15 +2,12 @@ package workers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
@@ -52,46 +49,18 @@ func (w *Runtime) Run(ctx context.Context) error {
 	// lanes fed in a burst, so runs of a key form and share a checkpoint
 	// write (batch.go): a smaller one left them starved, each event of a
 	// key on its own. It costs no more memory than holding them does.
-	// accept runs as the subscription's callback, one message at a time:
-	// an iterator's hand-off to another goroutine cost every event a
-	// wake-up (at 1,000 events/s, a quarter of the handler's p99).
-	//
-	// The subscription calls the error handler and closes Closed in no
-	// set order: what ended it is kept under a lock until Closed.
-	var endMu sync.Mutex
-	var endErr error
-	cc, err := w.consumer.Consume(w.accept,
-		jetstream.PullMaxMessages(w.o.maxAckPending),
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			if errors.Is(err, jetstream.ErrConnectionClosed) {
-				endMu.Lock()
-				endErr = fmt.Errorf("consumer %s stopped: %w", w.consumerName(), err)
-				endMu.Unlock()
-				return
-			}
-			// Missed heartbeats and reconnects surface here; the
-			// subscription recovers by itself, so note it and go on.
-			w.log.Debug().Err(err).Msg("pull interrupted")
-		}))
+	it, err := w.consumer.Messages(jetstream.PullMaxMessages(w.o.maxAckPending))
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", w.consumerName(), err)
 	}
+	tk := newTaker(w, it)
+	w.runners.run(tk.take)
 	go func() {
-		<-cc.Closed()
-		endMu.Lock()
-		readErr = endErr
-		endMu.Unlock()
-		if readErr == nil && !w.stopping.Load() {
-			// Ended without serve asking: the connection closed for
-			// good, whether or not the error handler heard it first.
-			readErr = fmt.Errorf("consumer %s stopped: %w", w.consumerName(), nats.ErrConnectionClosed)
-			if nc := w.js.Conn(); nc != nil && !nc.IsClosed() {
-				readErr = fmt.Errorf("consumer %s stopped: its subscription ended while NATS is %s", w.consumerName(), nc.Status())
-			}
-		}
+		<-tk.done
+		readErr = tk.err
 		close(readerDone)
 	}()
-	return w.serve(ctx, readerDone, &readErr, cc.Drain, cancelHandlers)
+	return w.serve(ctx, readerDone, &readErr, it.Drain, cancelHandlers)
 }
 
 // serve runs the lanes while the reader (the consumer's subscription, or
@@ -134,16 +103,19 @@ func (w *Runtime) serve(ctx context.Context, readerDone chan struct{}, readErr *
 }
 
 // accept takes a message from the consumer and queues it behind its key.
-func (w *Runtime) accept(msg jetstream.Msg) {
+// When that gives a lane work and the lane has no runner, it claims the
+// lane and returns what runs it, for the caller to run (taker.go) or hand
+// to a runner; otherwise nil.
+func (w *Runtime) accept(msg jetstream.Msg) (run func()) {
 	meta, err := msg.Metadata()
 	if err != nil {
 		w.log.Error().Err(err).Msg("message without JetStream metadata")
-		return
+		return nil
 	}
 	h := &held{msg: msg, seq: meta.Sequence.Stream, delivered: meta.NumDelivered, received: w.now()}
 	if w.stopping.Load() {
 		w.release(h)
-		return
+		return nil
 	}
 	if last := w.lastConsumerSeq; last != 0 && meta.Sequence.Consumer != 0 && meta.Sequence.Consumer != last+1 {
 		// Deliveries went elsewhere: another process of this instance,
@@ -177,7 +149,7 @@ func (w *Runtime) accept(msg jetstream.Msg) {
 			defer w.unhold(h)
 			w.deadLetter(h, Permanent(err), w.log.With().Uint64("seq", h.seq).Logger())
 		}()
-		return
+		return nil
 	}
 	h.event, h.key = e, w.spec.OrderKey(e)
 	h.lane = laneOf(e.Type(), h.key)
@@ -200,11 +172,11 @@ func (w *Runtime) accept(msg jetstream.Msg) {
 				h.handled = prev.handled
 				l.queue[i] = h
 				w.held[h.seq] = h
-				return
+				return nil
 			}
 		}
 		// Redelivered while its handler runs: the running one decides.
-		return
+		return nil
 	}
 	l := w.lanes[h.lane]
 	if l == nil {
@@ -216,7 +188,11 @@ func (w *Runtime) accept(msg jetstream.Msg) {
 	l.insert(h)
 	l.arrived(h.seq)
 	l.signal()
-	w.startLane(h.lane, l)
+	if !w.claimLane(l) {
+		return nil
+	}
+	name := h.lane
+	return func() { w.runLane(name, l) }
 }
 
 // validate runs check on h once, in its lane, by the lane's runner on an

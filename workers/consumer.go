@@ -128,7 +128,7 @@ func sameConsumer(have, want jetstream.ConsumerConfig) bool {
 }
 
 // wrapConsumer gives a host-bound instance's pulls the fleet's expiry and
-// heartbeat. The runtime's Consume call (consume.go) sets the batch; this
+// heartbeat. The runtime's Messages call (consume.go) sets the batch; this
 // adds what makes an idle instance cheap for the server.
 func (w *Runtime) wrapConsumer(c jetstream.Consumer) jetstream.Consumer {
 	if !HostBound(w.spec) {
@@ -141,9 +141,9 @@ func (w *Runtime) wrapConsumer(c jetstream.Consumer) jetstream.Consumer {
 // expiry and heartbeat.
 type fleetConsumer struct{ jetstream.Consumer }
 
-// Consume is the consumer's Consume with fleetPullExpiry and
+// Messages is the consumer's Messages with fleetPullExpiry and
 // fleetPullHeartbeat added after the caller's options.
-func (c fleetConsumer) Consume(handler jetstream.MessageHandler, opts ...jetstream.PullConsumeOpt) (jetstream.ConsumeContext, error) {
+func (c fleetConsumer) Messages(opts ...jetstream.PullMessagesOpt) (jetstream.MessagesContext, error) {
 	opts = append(slices.Clip(opts), jetstream.PullExpiry(fleetPullExpiry), jetstream.PullHeartbeat(fleetPullHeartbeat))
-	return c.Consumer.Consume(handler, opts...)
+	return c.Consumer.Messages(opts...)
 }

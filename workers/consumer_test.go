@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -194,33 +195,51 @@ func TestNewCreatesNothingOnTheServer(t *testing.T) {
 	}
 }
 
-// TestRunEndsWithAReasonWhenItsConnectionCloses closes a worker's
-// connection for good: Run returns on its own, saying why, rather than
-// waiting on a consumer it can no longer reach (a supervisor restarts it).
-func TestRunEndsWithAReasonWhenItsConnectionCloses(t *testing.T) {
-	srv := workertest.StartServer(t)
-	nc := srv.Connect(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := workers.New(context.Background(), js, spec("closing"),
-		workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }),
-		workers.WithRegisterer(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- w.Run(context.Background()) }()
-	workertest.WaitUntil(t, "the worker is ready", func() bool { return w.Ready() == nil })
-	nc.Close()
-	select {
-	case err := <-done:
-		if err == nil || !strings.Contains(err.Error(), "connection closed") {
-			t.Fatalf("Run returned %v, want it to say the connection closed", err)
-		}
-	case <-time.After(workertest.DefaultTimeout):
-		t.Fatal("Run did not return after its connection closed")
+// TestRunEndsWithAReason ends a running worker's consumer from outside, by
+// closing its connection for good or deleting the consumer: Run returns on
+// its own, saying why, rather than waiting on a consumer it can no longer
+// read (a supervisor restarts it, and the restart makes the consumer
+// again).
+func TestRunEndsWithAReason(t *testing.T) {
+	for _, c := range []struct {
+		name, want string
+		end        func(t *testing.T, nc *nats.Conn, js jetstream.JetStream, consumer string)
+	}{
+		{"its connection closes", "connection closed", func(_ *testing.T, nc *nats.Conn, _ jetstream.JetStream, _ string) { nc.Close() }},
+		{"its consumer is deleted", jetstream.ErrConsumerDeleted.Error(), func(t *testing.T, _ *nats.Conn, js jetstream.JetStream, consumer string) {
+			ctx, cancel := context.WithTimeout(context.Background(), workertest.DefaultTimeout)
+			defer cancel()
+			if err := js.DeleteConsumer(ctx, events.StreamEvents, consumer); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := workertest.StartServer(t)
+			nc := srv.Connect(t)
+			js, err := jetstream.New(nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w, err := workers.New(context.Background(), js, spec("ending"),
+				workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }),
+				workers.WithRegisterer(prometheus.NewRegistry()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- w.Run(context.Background()) }()
+			workertest.WaitUntil(t, "the worker is ready", func() bool { return w.Ready() == nil })
+			c.end(t, nc, js, w.ConsumerName())
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), c.want) {
+					t.Fatalf("Run returned %v, want it to say %q", err, c.want)
+				}
+			case <-time.After(workertest.DefaultTimeout):
+				t.Fatalf("Run did not return after %s", c.name)
+			}
+		})
 	}
 }
 

@@ -6,14 +6,24 @@ import (
 	"github.com/cenkalti/backoff/v4"
 )
 
-// startLane runs a lane that has work and no runner. Callers hold w.mu.
+// startLane runs a lane that has work and no runner on a runner. Callers
+// hold w.mu.
 func (w *Runtime) startLane(name string, l *lane) {
+	if w.claimLane(l) {
+		w.runners.run(func() { w.runLane(name, l) })
+	}
+}
+
+// claimLane reports whether a lane has work and no runner, and if so marks
+// it running for the caller, which must then run it (runLane). Callers
+// hold w.mu.
+func (w *Runtime) claimLane(l *lane) bool {
 	if l.running || len(l.queue) == 0 || w.stopping.Load() {
-		return
+		return false
 	}
 	l.running = true
 	w.tasks.Add(1)
-	w.runners.run(func() { w.runLane(name, l) })
+	return true
 }
 
 // runLane handles a lane's events one at a time until it is empty, held up

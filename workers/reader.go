@@ -330,7 +330,9 @@ func (w *Runtime) scan(ctx context.Context) error {
 			r.scanned[subj] = m.Sequence
 			r.pending[m.Sequence] = subj
 			r.mu.Unlock()
-			w.accept(&storedMsg{raw: m, w: w})
+			if run := w.accept(&storedMsg{raw: m, w: w}); run != nil {
+				w.runners.run(run)
+			}
 		}
 	}
 	return nil

@@ -273,10 +273,7 @@ func Start(ctx context.Context) (*Env, error) {
 		e.Close()
 		return nil, err
 	}
-	if _, err := e.pubJS.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name: rawStream, Subjects: []string{rawPrefix + ".>"}, Storage: jetstream.FileStorage,
-		Duplicates: 2 * time.Minute,
-	}); err != nil {
+	if _, err := e.pubJS.CreateOrUpdateStream(ctx, rawStreamConfig()); err != nil {
 		e.Close()
 		return nil, err
 	}
@@ -289,6 +286,22 @@ const (
 	rawStream = "BENCH_RAW"
 	rawPrefix = "bench.raw"
 )
+
+// rawStreamConfig is STEWARD_EVENTS's configuration on the raw subjects,
+// its stored notices republished under a prefix of their own: the server
+// does the same work to store and deliver an event on both paths, so what
+// the two measure apart is the consumer.
+func rawStreamConfig() jetstream.StreamConfig {
+	var cfg jetstream.StreamConfig
+	for _, c := range events.DefaultStreamConfig().StreamConfigs() {
+		if c.Name == events.StreamEvents {
+			cfg = c
+		}
+	}
+	cfg.Name, cfg.Subjects, cfg.Description = rawStream, []string{rawPrefix + ".>"}, "the bench's raw paths"
+	cfg.RePublish = &jetstream.RePublish{Source: rawPrefix + ".>", Destination: rawPrefix + "-stored.>", HeadersOnly: true}
+	return cfg
+}
 
 // Close stops the server and removes its store.
 func (e *Env) Close() {

@@ -2,9 +2,12 @@ package bench
 
 import (
 	"context"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
 )
@@ -156,4 +159,31 @@ func BenchmarkSteady(b *testing.B) {
 	b.ReportMetric(float64(res.RawDouble.Settled.P99.Microseconds())/1000, "raw-double-settled-p99-ms")
 	b.ReportMetric(res.SettledRatio(), "settled-ratio")
 	b.ReportMetric(res.HandlerRatio(), "handler-ratio")
+}
+
+// TestRawStreamIsLaidOutAsTheEventsStream compares the two streams as the
+// server holds them: apart from their names, subjects and where their
+// stored notices go, the raw paths read a stream configured as the
+// runtime's, so the server's work per event is the same on every path.
+func TestRawStreamIsLaidOutAsTheEventsStream(t *testing.T) {
+	env, err := Start(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	config := func(name string) jetstream.StreamConfig {
+		s, err := env.pubJS.Stream(context.Background(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := s.CachedInfo().Config
+		if cfg.RePublish == nil || !cfg.RePublish.HeadersOnly {
+			t.Fatalf("%s republishes %+v, want its stored notices, headers only", name, cfg.RePublish)
+		}
+		cfg.Name, cfg.Subjects, cfg.Description, cfg.RePublish = "", nil, "", nil
+		return cfg
+	}
+	if ev, raw := config(events.StreamEvents), config(rawStream); !reflect.DeepEqual(ev, raw) {
+		t.Fatalf("the raw stream differs from %s:\n%+v\n%+v", events.StreamEvents, raw, ev)
+	}
 }

@@ -1,0 +1,84 @@
+package workers
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// taker takes the consumer's messages, one runner at a time: the one
+// waiting in Next is the taker. When a message gives a lane work and the
+// lane has no runner, the taker hands the waiting to another runner and
+// runs that lane itself, so the event reaches its handler on the goroutine
+// that received it from nats.go, as a raw consumer's callback does. A lane
+// started on a runner of its own cost each such event a wake-up before its
+// handler: at 1,000 events/s, about 70µs of the handler's p99.
+//
+// Only one runner is ever in Next: a taker hands over before it runs a
+// lane and is done with the iterator after, and the hand-over (runners.run)
+// is what orders one taker's accept before the next one's.
+type taker struct {
+	w  *Runtime
+	it jetstream.MessagesContext
+	// take is loop as a func value, made once rather than per hand-over.
+	take func()
+	// last is the last error Next returned before the iterator closed
+	// (the consumer was deleted, say); it is only touched by the taker.
+	last error
+	// done closes once the iterator has closed; err then says why, when
+	// serve did not ask for it.
+	done chan struct{}
+	err  error
+}
+
+func newTaker(w *Runtime, it jetstream.MessagesContext) *taker {
+	t := &taker{w: w, it: it, done: make(chan struct{})}
+	t.take = t.loop
+	return t
+}
+
+// loop takes messages until one needs its lane run here, or the iterator
+// closes.
+func (t *taker) loop() {
+	for {
+		msg, err := t.it.Next()
+		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			t.end(err)
+			return
+		}
+		if err != nil {
+			// A status the subscription stops on (the consumer deleted)
+			// comes back once; the next call says the iterator closed.
+			t.last = err
+			t.w.log.Debug().Err(err).Msg("pull interrupted")
+			continue
+		}
+		if run := t.w.accept(msg); run != nil {
+			t.w.runners.run(t.take)
+			run()
+			return
+		}
+	}
+}
+
+// end records why the iterator closed: nothing, when the worker is
+// stopping (serve drained it); otherwise the consumer's end, which makes
+// Run return with it.
+func (t *taker) end(closed error) {
+	w := t.w
+	if !w.stopping.Load() {
+		switch {
+		case errors.Is(closed, jetstream.ErrConnectionClosed):
+			t.err = fmt.Errorf("consumer %s stopped: %w", w.consumerName(), nats.ErrConnectionClosed)
+		case t.last != nil:
+			t.err = fmt.Errorf("consumer %s stopped: %w", w.consumerName(), t.last)
+		case w.js.Conn() != nil && !w.js.Conn().IsClosed():
+			t.err = fmt.Errorf("consumer %s stopped: its subscription ended while NATS is %s", w.consumerName(), w.js.Conn().Status())
+		default:
+			t.err = fmt.Errorf("consumer %s stopped: %w", w.consumerName(), nats.ErrConnectionClosed)
+		}
+	}
+	close(t.done)
+}
