@@ -144,11 +144,11 @@ func (w *Runtime) accept(msg jetstream.Msg) (run func()) {
 		h.key = "invalid"
 		w.hold(h)
 		w.tasks.Add(1)
-		go func() {
+		w.runners.run(func() {
 			defer w.tasks.Done()
 			defer w.unhold(h)
 			w.deadLetter(h, Permanent(err), w.log.With().Uint64("seq", h.seq).Logger())
-		}()
+		})
 		return nil
 	}
 	h.event, h.key = e, w.spec.OrderKey(e)
@@ -188,11 +188,7 @@ func (w *Runtime) accept(msg jetstream.Msg) (run func()) {
 	l.insert(h)
 	l.arrived(h.seq)
 	l.signal()
-	if !w.claimLane(l) {
-		return nil
-	}
-	name := h.lane
-	return func() { w.runLane(name, l) }
+	return w.claimLane(h.lane, l)
 }
 
 // validate runs check on h once, in its lane, by the lane's runner on an

@@ -233,8 +233,8 @@ func TestRunEndsWithAReason(t *testing.T) {
 			c.end(t, nc, js, w.ConsumerName())
 			select {
 			case err := <-done:
-				if err == nil || !strings.Contains(err.Error(), c.want) {
-					t.Fatalf("Run returned %v, want it to say %q", err, c.want)
+				if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "starting the worker again") {
+					t.Fatalf("Run returned %v, want it to say %q and what to do next", err, c.want)
 				}
 			case <-time.After(workertest.DefaultTimeout):
 				t.Fatalf("Run did not return after %s", c.name)

@@ -9,21 +9,21 @@ import (
 // startLane runs a lane that has work and no runner on a runner. Callers
 // hold w.mu.
 func (w *Runtime) startLane(name string, l *lane) {
-	if w.claimLane(l) {
-		w.runners.run(func() { w.runLane(name, l) })
+	if run := w.claimLane(name, l); run != nil {
+		w.runners.run(run)
 	}
 }
 
-// claimLane reports whether a lane has work and no runner, and if so marks
-// it running for the caller, which must then run it (runLane). Callers
-// hold w.mu.
-func (w *Runtime) claimLane(l *lane) bool {
+// claimLane marks a lane that has work and no runner as running and
+// returns what runs it, which the caller must run or hand to a runner;
+// otherwise nil. Callers hold w.mu.
+func (w *Runtime) claimLane(name string, l *lane) (run func()) {
 	if l.running || len(l.queue) == 0 || w.stopping.Load() {
-		return false
+		return nil
 	}
 	l.running = true
 	w.tasks.Add(1)
-	return true
+	return func() { w.runLane(name, l) }
 }
 
 // runLane handles a lane's events one at a time until it is empty, held up

@@ -2,17 +2,20 @@ package workers_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/workertest"
 )
 
-// metric reads one of an instance's gauges or counters from reg.
-func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
+// metric reads one of an instance's gauges or counters from reg, summed
+// over the series that carry every label of labels (name, value, ...).
+func metric(t testing.TB, reg *prometheus.Registry, name string, labels ...string) float64 {
 	t.Helper()
 	families, err := reg.Gather()
 	if err != nil {
@@ -24,6 +27,9 @@ func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
 			continue
 		}
 		for _, m := range f.GetMetric() {
+			if !hasLabels(m.GetLabel(), labels) {
+				continue
+			}
 			switch {
 			case m.GetGauge() != nil:
 				v += m.GetGauge().GetValue()
@@ -33,6 +39,16 @@ func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
 		}
 	}
 	return v
+}
+
+// hasLabels reports whether have carries each name and value of want.
+func hasLabels(have []*dto.LabelPair, want []string) bool {
+	for i := 0; i+1 < len(want); i += 2 {
+		if !slices.ContainsFunc(have, func(l *dto.LabelPair) bool { return l.GetName() == want[i] && l.GetValue() == want[i+1] }) {
+			return false
+		}
+	}
+	return true
 }
 
 // TestMetricsSayWhatAnOperatorAlertsOn: the age of the oldest unsettled

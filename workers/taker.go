@@ -69,16 +69,19 @@ func (t *taker) loop() {
 func (t *taker) end(closed error) {
 	w := t.w
 	if !w.stopping.Load() {
+		var why error
 		switch {
 		case errors.Is(closed, jetstream.ErrConnectionClosed):
-			t.err = fmt.Errorf("consumer %s stopped: %w", w.consumerName(), nats.ErrConnectionClosed)
+			why = nats.ErrConnectionClosed
 		case t.last != nil:
-			t.err = fmt.Errorf("consumer %s stopped: %w", w.consumerName(), t.last)
+			why = t.last
 		case w.js.Conn() != nil && !w.js.Conn().IsClosed():
-			t.err = fmt.Errorf("consumer %s stopped: its subscription ended while NATS is %s", w.consumerName(), w.js.Conn().Status())
+			why = fmt.Errorf("its subscription ended while NATS is %s", w.js.Conn().Status())
 		default:
-			t.err = fmt.Errorf("consumer %s stopped: %w", w.consumerName(), nats.ErrConnectionClosed)
+			why = nats.ErrConnectionClosed
 		}
+		// Nothing held is lost: what was not acked is redelivered.
+		t.err = fmt.Errorf("consumer %s stopped: %w; starting the worker again subscribes anew (and makes the consumer if it is gone), its checkpoints skipping what was applied", w.consumerName(), why)
 	}
 	close(t.done)
 }

@@ -93,24 +93,7 @@ func consumerInfo(t testing.TB, js jetstream.JetStream, name string) *jetstream.
 // counter finds steward_events_total for the result in a registry.
 func counter(t testing.TB, reg *prometheus.Registry, result string) float64 {
 	t.Helper()
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var v float64
-	for _, f := range families {
-		if f.GetName() != "steward_events_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() == result {
-					v += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return v
+	return metric(t, reg, "steward_events_total", "result", result)
 }
 
 // dieHolding starts a worker on its own connection whose handler takes the

@@ -132,19 +132,23 @@ func (r Result) SettledRatio() float64 { return r.median(Round.SettledRatio) }
 // publish-to-handler over the raw serial DoubleAck path's.
 func (r Result) HandlerRatio() float64 { return r.median(Round.HandlerRatio) }
 
-func (r Result) median(of func(Round) float64) float64 {
-	if len(r.Rounds) == 0 {
-		return of(r.Round)
-	}
-	v := make([]float64, len(r.Rounds))
-	for i, round := range r.Rounds {
-		v[i] = of(round)
+func (r Result) median(of func(Round) float64) float64 { return medianBy(r.Rounds, of) }
+
+// medianBy is the median of of(x) over xs; zero for none.
+func medianBy[X any, T int64 | float64](xs []X, of func(X) T) T {
+	v := make([]T, len(xs))
+	for i, x := range xs {
+		v[i] = of(x)
 	}
 	return medianOf(v)
 }
 
-// medianOf is the middle value, or the mean of the two middle ones.
+// medianOf is the middle value, or the mean of the two middle ones; zero
+// for none.
 func medianOf[T int64 | float64](v []T) T {
+	if len(v) == 0 {
+		return 0
+	}
 	slices.Sort(v)
 	n := len(v)
 	if n%2 == 1 {
@@ -155,28 +159,23 @@ func medianOf[T int64 | float64](v []T) T {
 
 // medianMeasure is the median of each figure of ms, figure by figure.
 func medianMeasure(ms []Measure) Measure {
-	pick := func(of func(Measure) int64) int64 {
-		v := make([]int64, len(ms))
-		for i, m := range ms {
-			v[i] = of(m)
-		}
-		return medianOf(v)
+	if len(ms) == 0 {
+		return Measure{}
 	}
-	rate := make([]float64, len(ms))
-	for i, m := range ms {
-		rate[i] = m.PerSecond
+	d := func(of func(Measure) time.Duration) time.Duration {
+		return time.Duration(medianBy(ms, func(m Measure) int64 { return int64(of(m)) }))
 	}
 	return Measure{
 		Events:    ms[0].Events,
-		Elapsed:   time.Duration(pick(func(m Measure) int64 { return int64(m.Elapsed) })),
-		PerSecond: medianOf(rate),
+		Elapsed:   d(func(m Measure) time.Duration { return m.Elapsed }),
+		PerSecond: medianBy(ms, func(m Measure) float64 { return m.PerSecond }),
 		Handler: Latency{
-			P50: time.Duration(pick(func(m Measure) int64 { return int64(m.Handler.P50) })),
-			P99: time.Duration(pick(func(m Measure) int64 { return int64(m.Handler.P99) })),
+			P50: d(func(m Measure) time.Duration { return m.Handler.P50 }),
+			P99: d(func(m Measure) time.Duration { return m.Handler.P99 }),
 		},
 		Settled: Latency{
-			P50: time.Duration(pick(func(m Measure) int64 { return int64(m.Settled.P50) })),
-			P99: time.Duration(pick(func(m Measure) int64 { return int64(m.Settled.P99) })),
+			P50: d(func(m Measure) time.Duration { return m.Settled.P50 }),
+			P99: d(func(m Measure) time.Duration { return m.Settled.P99 }),
 		},
 	}
 }

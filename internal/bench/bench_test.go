@@ -67,6 +67,9 @@ func TestMedians(t *testing.T) {
 	if got := medianOf([]float64{3, 1, 2}); got != 2 {
 		t.Fatalf("median of 3,1,2 = %v", got)
 	}
+	if got := medianOf([]float64{}); got != 0 {
+		t.Fatalf("median of nothing = %v, want 0", got)
+	}
 	if got := medianOf([]int64{4, 1, 3, 2}); got != 2 {
 		t.Fatalf("median of 4,1,3,2 = %v, want 2 (the mean of 2 and 3, in integers)", got)
 	}

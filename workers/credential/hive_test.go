@@ -215,26 +215,26 @@ func (h *hive) logged(parts ...string) bool {
 // waitOutcomes waits until n outcomes exist and returns them.
 func (h *hive) waitOutcomes(n int) []event.Event {
 	h.t.Helper()
-	var got []event.Event
-	workertest.WaitUntil(h.t, fmt.Sprintf("%d outcomes of %s", n, h.name), func() bool {
-		got = workertest.Outcomes(h.t, h.js, credential.Name, h.name)
-		return len(got) >= n
-	})
-	if len(got) != n {
-		h.t.Fatalf("want %d outcomes, got %d", n, len(got))
-	}
-	return got
+	return waitExactly(h, n, "outcomes", func() []event.Event { return workertest.Outcomes(h.t, h.js, credential.Name, h.name) })
 }
 
+// waitDeadLetters waits until n dead letters exist and returns them.
 func (h *hive) waitDeadLetters(n int) []events.DeadLetter {
 	h.t.Helper()
-	var got []events.DeadLetter
-	workertest.WaitUntil(h.t, fmt.Sprintf("%d dead letters of %s", n, h.name), func() bool {
-		got = workertest.DeadLetters(h.t, h.js, credential.Name, h.name)
+	return waitExactly(h, n, "dead letters", func() []events.DeadLetter { return workertest.DeadLetters(h.t, h.js, credential.Name, h.name) })
+}
+
+// waitExactly waits until read finds n of what the hive's worker wrote,
+// and fails if it finds more.
+func waitExactly[T any](h *hive, n int, what string, read func() []T) []T {
+	h.t.Helper()
+	var got []T
+	workertest.WaitUntil(h.t, fmt.Sprintf("%d %s of %s", n, what, h.name), func() bool {
+		got = read()
 		return len(got) >= n
 	})
 	if len(got) != n {
-		h.t.Fatalf("want %d dead letters, got %d", n, len(got))
+		h.t.Fatalf("want %d %s, got %d", n, what, len(got))
 	}
 	return got
 }
