@@ -17,17 +17,18 @@ func newBenchCmd(g *globals) *cobra.Command {
 		Short: "Measure the runtime against raw JetStream consumers on an embedded server",
 		Long: `Start an embedded NATS server with JetStream (its store in a temporary folder)
 and publish --events events, as one burst or at --rate events per second,
-through three paths in turn: a no-op worker run by the runtime (every event
+through four paths in turn: a no-op worker run by the runtime (every event
 reaches the handler, is checkpointed and its ack confirmed), a plain pull
-consumer that acks fire-and-forget, and one that confirms each ack serially
-(DoubleAck). Each path first gets a short unmeasured burst, so none pays for
-the process's cold start; then --rounds rounds measure each path once, the
-first path changing from round to round. For each path it prints events per
-second and the p50 and p99 of two latencies, publish to the handler and
-publish to settled (medians over the rounds), then the ratios the targets
-are stated in (the medians of each round's own) and each round's. Compare
-figures within one run only: the machine is shared and absolute figures
-drift.`,
+consumer that acks fire-and-forget, one that confirms each ack serially
+(DoubleAck), and the same serial consumer decoding and validating each event
+before its handler as every worker does. Each path first gets a short
+unmeasured burst, so none pays for the process's cold start; then --rounds
+rounds measure each path once, the first path changing from round to round.
+For each path it prints events per second, the p50 and p99 of two latencies,
+publish to the handler and publish to settled, and the process's CPU time
+per event (medians over the rounds), then the ratios the targets are stated
+in (the medians of each round's own) and each round's. Compare figures
+within one run only: the machine is shared and absolute figures drift.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.Rounds < 1 {

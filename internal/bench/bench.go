@@ -1,14 +1,19 @@
 // Package bench measures what the worker runtime costs. It publishes the
-// same events, in one run on one embedded server, through three paths:
+// same events, in one run on one embedded server, through four paths:
 //
 //   - the runtime, running a no-op worker whose Spec is not latest-wins, so
 //     every event reaches the handler and is checkpointed and confirmed;
 //   - a raw pull consumer that acks each event fire-and-forget (Ack);
-//   - a raw pull consumer that confirms each ack serially (DoubleAck).
+//   - a raw pull consumer that confirms each ack serially (DoubleAck);
+//   - the same serial DoubleAck consumer, decoding and validating each
+//     event before its handler as the runtime does (the trust boundary,
+//     without the checkpoint): what the runtime's handler latency is
+//     compared with besides plain DoubleAck's, since no worker may hand an
+//     unvalidated event to its handler.
 //
-// For each it reports events per second and two latencies: publish to the
-// handler, and publish to settled (the runtime's confirmed ack, the raw
-// paths' ack call returned). Events go out as one burst, or at a steady
+// For each it reports events per second, two latencies, publish to the
+// handler and publish to settled (the runtime's confirmed ack, the raw
+// paths' ack call returned), and the process's CPU time per event. Events go out as one burst, or at a steady
 // rate (Options.Rate). Figures are only ever compared within one run: the
 // machines it runs on are shared, and absolute figures drift by a third.
 //
@@ -79,13 +84,19 @@ type Measure struct {
 	// Handler is publish to the handler; Settled is publish to the ack
 	// confirmed (the raw paths: their ack call returned).
 	Handler, Settled Latency
+	// CPU is the process's CPU time per event over the path's turn: the
+	// server's and the publisher's too, which are the same on every path,
+	// so what differs between paths is the consumer's own and the server
+	// work it asks for (a checkpoint write, a confirmed ack).
+	CPU time.Duration
 }
 
 // Round is one measure of each path, taken one after the other.
 type Round struct {
-	Runtime   Measure
-	RawAck    Measure
-	RawDouble Measure
+	Runtime       Measure
+	RawAck        Measure
+	RawDouble     Measure
+	RawValidating Measure
 }
 
 // Ratio is the runtime's throughput as a fraction of the raw Ack path's.
@@ -103,6 +114,13 @@ func (r Round) HandlerRatio() float64 {
 	return ratio(float64(r.Runtime.Handler.P99), float64(r.RawDouble.Handler.P99))
 }
 
+// ValidatingHandlerRatio is the runtime's p99 publish-to-handler over the
+// validating serial DoubleAck path's: the runtime's own cost in front of
+// its handler, the decoding and validation every worker does set aside.
+func (r Round) ValidatingHandlerRatio() float64 {
+	return ratio(float64(r.Runtime.Handler.P99), float64(r.RawValidating.Handler.P99))
+}
+
 func ratio(a, b float64) float64 {
 	if b == 0 {
 		return 0
@@ -110,7 +128,7 @@ func ratio(a, b float64) float64 {
 	return a / b
 }
 
-// Result is one run: the same events through the three paths, in one or
+// Result is one run: the same events through the four paths, in one or
 // more rounds. Its Round holds the median of each figure over the rounds,
 // and its ratios are the medians of the rounds' own: a ratio compares two
 // paths measured minutes apart at most.
@@ -131,6 +149,10 @@ func (r Result) SettledRatio() float64 { return r.median(Round.SettledRatio) }
 // HandlerRatio is the median over the rounds of the runtime's p99
 // publish-to-handler over the raw serial DoubleAck path's.
 func (r Result) HandlerRatio() float64 { return r.median(Round.HandlerRatio) }
+
+// ValidatingHandlerRatio is the median over the rounds of the runtime's p99
+// publish-to-handler over the validating serial DoubleAck path's.
+func (r Result) ValidatingHandlerRatio() float64 { return r.median(Round.ValidatingHandlerRatio) }
 
 func (r Result) median(of func(Round) float64) float64 { return medianBy(r.Rounds, of) }
 
@@ -169,6 +191,7 @@ func medianMeasure(ms []Measure) Measure {
 		Events:    ms[0].Events,
 		Elapsed:   d(func(m Measure) time.Duration { return m.Elapsed }),
 		PerSecond: medianBy(ms, func(m Measure) float64 { return m.PerSecond }),
+		CPU:       d(func(m Measure) time.Duration { return m.CPU }),
 		Handler: Latency{
 			P50: d(func(m Measure) time.Duration { return m.Handler.P50 }),
 			P99: d(func(m Measure) time.Duration { return m.Handler.P99 }),
@@ -189,9 +212,9 @@ func (r Result) String() string {
 		return v.Round(10 * time.Microsecond)
 	}
 	line := func(name string, m Measure) string {
-		return fmt.Sprintf("%-30s %6d events in %8v %9.0f events/s   handler p50 %9v p99 %9v   settled p50 %9v p99 %9v\n",
+		return fmt.Sprintf("%-30s %6d events in %8v %9.0f events/s   handler p50 %9v p99 %9v   settled p50 %9v p99 %9v   CPU %7v/event\n",
 			name, m.Events, m.Elapsed.Round(time.Millisecond), m.PerSecond,
-			d(m.Handler.P50), d(m.Handler.P99), d(m.Settled.P50), d(m.Settled.P99))
+			d(m.Handler.P50), d(m.Handler.P99), d(m.Settled.P50), d(m.Settled.P99), m.CPU.Round(time.Microsecond))
 	}
 	mode := "one burst"
 	if r.Rate > 0 {
@@ -204,8 +227,10 @@ func (r Result) String() string {
 	out += line("runtime (no-op worker)", r.Runtime) +
 		line("raw consumer, Ack", r.RawAck) +
 		line("raw consumer, serial DoubleAck", r.RawDouble) +
+		line("  the same, validating", r.RawValidating) +
 		fmt.Sprintf("runtime / raw Ack throughput: %.2f\n", r.Ratio()) +
-		fmt.Sprintf("runtime / raw DoubleAck p99 settled: %.2f, p99 handler: %.2f\n", r.SettledRatio(), r.HandlerRatio())
+		fmt.Sprintf("runtime / raw DoubleAck p99 settled: %.2f, p99 handler: %.2f\n", r.SettledRatio(), r.HandlerRatio()) +
+		fmt.Sprintf("runtime / validating raw DoubleAck p99 handler: %.2f\n", r.ValidatingHandlerRatio())
 	if len(r.Rounds) > 1 {
 		each := func(of func(Round) float64) string {
 			v := make([]string, len(r.Rounds))
@@ -214,8 +239,8 @@ func (r Result) String() string {
 			}
 			return strings.Join(v, " ")
 		}
-		out += fmt.Sprintf("by round: throughput %s; p99 settled %s; p99 handler %s\n",
-			each(Round.Ratio), each(Round.SettledRatio), each(Round.HandlerRatio))
+		out += fmt.Sprintf("by round: throughput %s; p99 settled %s; p99 handler %s; p99 handler, validating %s\n",
+			each(Round.Ratio), each(Round.SettledRatio), each(Round.HandlerRatio), each(Round.ValidatingHandlerRatio))
 	}
 	return out
 }
@@ -288,8 +313,8 @@ const (
 
 // rawStreamConfig is STEWARD_EVENTS's configuration on the raw subjects,
 // its stored notices republished under a prefix of their own: the server
-// does the same work to store and deliver an event on both paths, so what
-// the two measure apart is the consumer.
+// does the same work to store and deliver an event on every path, so what
+// the paths measure apart is the consumer.
 func rawStreamConfig() jetstream.StreamConfig {
 	var cfg jetstream.StreamConfig
 	for _, c := range events.DefaultStreamConfig().StreamConfigs() {
@@ -353,7 +378,9 @@ func idPrefix(run int) string { return "bench-" + strconv.Itoa(run) + "-" }
 // tracker records when each event was published, first handled and
 // settled.
 type tracker struct {
-	prefix  string
+	prefix string
+	// cpu is the process's CPU time when the first event went out.
+	cpu     time.Duration
 	sent    []atomic.Int64
 	handled []atomic.Int64
 	settled []atomic.Int64
@@ -407,6 +434,7 @@ func (t *tracker) measure() Measure {
 	return Measure{
 		Events: n, Elapsed: elapsed, PerSecond: float64(n) / elapsed.Seconds(),
 		Handler: distribution(handler), Settled: distribution(settled),
+		CPU: (processCPU() - t.cpu) / time.Duration(n),
 	}
 }
 
@@ -414,6 +442,7 @@ func (t *tracker) measure() Measure {
 // second, noting when each left, and waits for every publish ack.
 func (e *Env) publish(ctx context.Context, t *tracker, msgs []*nats.Msg, rate int) error {
 	futures := make([]jetstream.PubAckFuture, len(msgs))
+	t.cpu = processCPU()
 	start := time.Now()
 	for i, m := range msgs {
 		if rate > 0 {
@@ -526,11 +555,28 @@ func (e *Env) Runtime(ctx context.Context, o Options) (Measure, error) {
 	return t.measure(), nil
 }
 
+// RawConsumer is how a raw path's consumer treats each event.
+type RawConsumer int
+
+const (
+	// Ack acks each event fire-and-forget.
+	Ack RawConsumer = iota
+	// DoubleAck confirms each ack before the next event: a serial consumer
+	// that wants to know its ack landed.
+	DoubleAck
+	// ValidatingDoubleAck decodes and validates each event as the runtime
+	// does (events.Decode, events.Validate) before its handler, then
+	// confirms its ack as DoubleAck does.
+	ValidatingDoubleAck
+)
+
+func (c RawConsumer) String() string {
+	return [...]string{"raw Ack", "raw DoubleAck", "validating raw DoubleAck"}[c]
+}
+
 // Raw publishes the same kind of events to a stream of their own and
-// consumes them with a plain durable pull consumer: acking each
-// fire-and-forget, or, with double, confirming each ack before the next
-// event (a serial consumer that wants to know its ack landed).
-func (e *Env) Raw(ctx context.Context, o Options, double bool) (Measure, error) {
+// consumes them with a plain durable pull consumer, as c says.
+func (e *Env) Raw(ctx context.Context, o Options, c RawConsumer) (Measure, error) {
 	o = o.withDefaults()
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
@@ -556,12 +602,23 @@ func (e *Env) Raw(ctx context.Context, o Options, double bool) (Measure, error) 
 	defer e.deleteConsumer(rawStream, cons.CachedInfo().Name)
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		id := m.Headers().Get("ce-id")
-		t.handle(id)
-		if double {
-			if m.DoubleAck(ctx) != nil {
+		if c == ValidatingDoubleAck {
+			ev, err := events.Decode(m.Headers(), m.Data())
+			if err == nil {
+				err = events.Validate(ev)
+			}
+			if err != nil {
+				// Every event was validated when it was made: this one
+				// never settles, and the path times out saying so.
 				return
 			}
-		} else if m.Ack() != nil {
+		}
+		t.handle(id)
+		if c == Ack {
+			if m.Ack() != nil {
+				return
+			}
+		} else if m.DoubleAck(ctx) != nil {
 			return
 		}
 		t.settle(id)
@@ -570,14 +627,10 @@ func (e *Env) Raw(ctx context.Context, o Options, double bool) (Measure, error) 
 		return Measure{}, err
 	}
 	defer cc.Stop()
-	path := "raw Ack"
-	if double {
-		path = "raw DoubleAck"
-	}
 	if err := e.publish(ctx, t, msgs, o.Rate); err != nil {
 		return Measure{}, err
 	}
-	if err := e.wait(ctx, t, path, o.Progress); err != nil {
+	if err := e.wait(ctx, t, c.String(), o.Progress); err != nil {
 		return Measure{}, err
 	}
 	return t.measure(), nil
@@ -619,7 +672,7 @@ func (o Options) withDefaults() Options {
 // warmUpEvents is the size of the unmeasured burst each path gets first.
 const warmUpEvents = 2000
 
-// Run starts an embedded server, warms each path up, measures the three
+// Run starts an embedded server, warms each path up, measures the four
 // paths over the same number of events in each of o.Rounds rounds, and
 // stops the server.
 func Run(ctx context.Context, o Options) (Result, error) {
@@ -636,8 +689,9 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	}
 	paths := []path{
 		{"runtime", func(o Options) (Measure, error) { return env.Runtime(ctx, o) }, func(r *Round) *Measure { return &r.Runtime }},
-		{"raw Ack", func(o Options) (Measure, error) { return env.Raw(ctx, o, false) }, func(r *Round) *Measure { return &r.RawAck }},
-		{"raw DoubleAck", func(o Options) (Measure, error) { return env.Raw(ctx, o, true) }, func(r *Round) *Measure { return &r.RawDouble }},
+		{Ack.String(), func(o Options) (Measure, error) { return env.Raw(ctx, o, Ack) }, func(r *Round) *Measure { return &r.RawAck }},
+		{DoubleAck.String(), func(o Options) (Measure, error) { return env.Raw(ctx, o, DoubleAck) }, func(r *Round) *Measure { return &r.RawDouble }},
+		{ValidatingDoubleAck.String(), func(o Options) (Measure, error) { return env.Raw(ctx, o, ValidatingDoubleAck) }, func(r *Round) *Measure { return &r.RawValidating }},
 	}
 	warm := Options{Events: min(warmUpEvents, o.Events), Keys: o.Keys, Concurrency: o.Concurrency, Timeout: o.Timeout}
 	for _, p := range paths {
@@ -656,10 +710,12 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			*p.into(&res.Rounds[i]) = m
 		}
 	}
-	var rt, ack, double []Measure
-	for _, r := range res.Rounds {
-		rt, ack, double = append(rt, r.Runtime), append(ack, r.RawAck), append(double, r.RawDouble)
+	for _, p := range paths {
+		ms := make([]Measure, len(res.Rounds))
+		for i := range res.Rounds {
+			ms[i] = *p.into(&res.Rounds[i])
+		}
+		*p.into(&res.Round) = medianMeasure(ms)
 	}
-	res.Round = Round{Runtime: medianMeasure(rt), RawAck: medianMeasure(ack), RawDouble: medianMeasure(double)}
 	return res, nil
 }

@@ -12,22 +12,27 @@ import (
 	"github.com/steward-dev/steward/events"
 )
 
-// TestRunMeasuresBothPaths proves a small run handles every event on both
-// paths and reports sane figures: positive rates, p50 <= p99, elapsed time
-// covering the latencies.
-func TestRunMeasuresBothPaths(t *testing.T) {
+// TestRunMeasuresEveryPath proves a small run handles every event on each
+// of the four paths and reports sane figures: positive rates and CPU, p50
+// <= p99, elapsed time covering the latencies.
+func TestRunMeasuresEveryPath(t *testing.T) {
 	res, err := Run(context.Background(), Options{Events: 300, Keys: 8, Timeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, m := range map[string]Measure{"runtime": res.Runtime, "raw Ack": res.RawAck, "raw DoubleAck": res.RawDouble} {
+	// Where getrusage is missing, CPU reads zero (cpu_other.go).
+	cpu := processCPU() > 0
+	for name, m := range map[string]Measure{"runtime": res.Runtime, "raw Ack": res.RawAck, "raw DoubleAck": res.RawDouble, "validating raw DoubleAck": res.RawValidating} {
 		if m.Events != 300 || m.PerSecond <= 0 || m.Handler.P50 <= 0 || m.Handler.P50 > m.Handler.P99 ||
-			m.Settled.P50 < m.Handler.P50 || m.Settled.P99 < m.Handler.P99 || m.Settled.P99 > m.Elapsed {
+			m.Settled.P50 < m.Handler.P50 || m.Settled.P99 < m.Handler.P99 || m.Settled.P99 > m.Elapsed || (cpu && m.CPU <= 0) {
 			t.Fatalf("%s: %+v", name, m)
 		}
 	}
-	if res.Ratio() <= 0 {
-		t.Fatalf("ratio %v", res.Ratio())
+	if res.Ratio() <= 0 || res.ValidatingHandlerRatio() <= 0 {
+		t.Fatalf("ratios %v and %v", res.Ratio(), res.ValidatingHandlerRatio())
+	}
+	if report := res.String(); !strings.Contains(report, "the same, validating") || !strings.Contains(report, "/event") {
+		t.Fatalf("the report leaves out the validating path or the CPU per event:\n%s", report)
 	}
 	t.Log("\n" + res.String())
 }
@@ -44,19 +49,22 @@ func TestRoundsReportMediansAndTheirOwnRatios(t *testing.T) {
 	if len(res.Rounds) != 3 {
 		t.Fatalf("%d rounds, want 3", len(res.Rounds))
 	}
-	var rates []float64
-	var ratios []float64
+	var rates, ratios, validating []float64
 	for i, r := range res.Rounds {
-		if r.Runtime.Events != 200 || r.RawAck.Events != 200 || r.RawDouble.Events != 200 {
+		if r.Runtime.Events != 200 || r.RawAck.Events != 200 || r.RawDouble.Events != 200 || r.RawValidating.Events != 200 {
 			t.Fatalf("round %d: %+v", i+1, r)
 		}
 		rates, ratios = append(rates, r.Runtime.PerSecond), append(ratios, r.SettledRatio())
+		validating = append(validating, r.ValidatingHandlerRatio())
 	}
 	if got, want := res.Runtime.PerSecond, medianOf(rates); got != want {
 		t.Fatalf("runtime rate %v, want the median of %v", got, rates)
 	}
 	if got, want := res.SettledRatio(), medianOf(ratios); got != want {
 		t.Fatalf("settled ratio %v, want the median of the rounds' %v", got, ratios)
+	}
+	if got, want := res.ValidatingHandlerRatio(), medianOf(validating); got != want {
+		t.Fatalf("validating handler ratio %v, want the median of the rounds' %v", got, validating)
 	}
 	if !strings.Contains(res.String(), "medians of 3 rounds") || !strings.Contains(res.String(), "by round:") {
 		t.Fatalf("the report does not say it gives medians, or the rounds:\n%s", res)
@@ -100,8 +108,10 @@ func TestEnvRunsAgain(t *testing.T) {
 		if m.Events != n {
 			t.Fatalf("runtime measured %d events, want %d", m.Events, n)
 		}
-		if m, err = env.Raw(context.Background(), Options{Events: n, Timeout: time.Minute}, true); err != nil || m.Events != n {
-			t.Fatalf("raw: %+v, %v", m, err)
+		for _, c := range []RawConsumer{Ack, DoubleAck, ValidatingDoubleAck} {
+			if m, err = env.Raw(context.Background(), Options{Events: n, Timeout: time.Minute}, c); err != nil || m.Events != n {
+				t.Fatalf("%s: %+v, %v", c, m, err)
+			}
 		}
 	}
 	// Each path deleted its consumer when its turn was over.
