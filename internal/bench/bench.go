@@ -13,9 +13,10 @@
 //
 // For each it reports events per second, two latencies, publish to the
 // handler and publish to settled (the runtime's confirmed ack, the raw
-// paths' ack call returned), and the process's CPU time per event. Events go out as one burst, or at a steady
-// rate (Options.Rate). Figures are only ever compared within one run: the
-// machines it runs on are shared, and absolute figures drift by a third.
+// paths' ack call returned), and the process's CPU time per event. Events
+// go out as one burst, or at a steady rate (Options.Rate). Figures are only
+// ever compared within one run: the machines it runs on are shared, and
+// absolute figures drift by a third.
 //
 // A run first sends a short burst through each path, unmeasured, so that
 // none of them pays for the process's cold start (the heap growing, the
@@ -255,6 +256,9 @@ type Env struct {
 	pubJS jetstream.JetStream
 	subJS jetstream.JetStream
 	runs  int
+	// spoil, set only by tests, changes the raw paths' messages before
+	// they go out.
+	spoil func([]*nats.Msg)
 }
 
 // Start starts the server and ensures Steward's streams and the raw
@@ -570,6 +574,7 @@ const (
 	ValidatingDoubleAck
 )
 
+// String names the path as the report's progress lines and errors do.
 func (c RawConsumer) String() string {
 	return [...]string{"raw Ack", "raw DoubleAck", "validating raw DoubleAck"}[c]
 }
@@ -588,6 +593,9 @@ func (e *Env) Raw(ctx context.Context, o Options, c RawConsumer) (Measure, error
 	for _, m := range msgs {
 		m.Subject = rawPrefix + strings.TrimPrefix(m.Subject, events.EventsPrefix)
 	}
+	if e.spoil != nil {
+		e.spoil(msgs)
+	}
 	if err := e.purge(ctx, rawStream); err != nil {
 		return Measure{}, err
 	}
@@ -600,6 +608,8 @@ func (e *Env) Raw(ctx context.Context, o Options, c RawConsumer) (Measure, error
 		return Measure{}, err
 	}
 	defer e.deleteConsumer(rawStream, cons.CachedInfo().Name)
+	// invalid holds the first event the validating consumer refused.
+	var invalid atomic.Pointer[error]
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		id := m.Headers().Get("ce-id")
 		if c == ValidatingDoubleAck {
@@ -608,8 +618,11 @@ func (e *Env) Raw(ctx context.Context, o Options, c RawConsumer) (Measure, error
 				err = events.Validate(ev)
 			}
 			if err != nil {
-				// Every event was validated when it was made: this one
-				// never settles, and the path times out saying so.
+				// Every event was validated when it was made, so this
+				// is the bench's own fault: the event never settles,
+				// and the path's timeout says why.
+				err = fmt.Errorf("event %s: %w", id, err)
+				invalid.CompareAndSwap(nil, &err)
 				return
 			}
 		}
@@ -631,6 +644,9 @@ func (e *Env) Raw(ctx context.Context, o Options, c RawConsumer) (Measure, error
 		return Measure{}, err
 	}
 	if err := e.wait(ctx, t, c.String(), o.Progress); err != nil {
+		if why := invalid.Load(); why != nil {
+			return Measure{}, fmt.Errorf("%w; the first event that did not validate: %w", err, *why)
+		}
 		return Measure{}, err
 	}
 	return t.measure(), nil

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
@@ -127,6 +128,28 @@ func TestEnvRunsAgain(t *testing.T) {
 		if err := names.Err(); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestValidatingPathRefusesWhatDoesNotValidate proves the validating raw
+// consumer does the runtime's validation: an event whose data breaks its
+// schema never reaches its handler there, and the path's error names it,
+// while the plain DoubleAck consumer, which validates nothing, settles it.
+func TestValidatingPathRefusesWhatDoesNotValidate(t *testing.T) {
+	env, err := Start(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	env.spoil = func(msgs []*nats.Msg) { msgs[3].Data = []byte(`{"hive":"h3"}`) }
+	o := Options{Events: 10, Keys: 4, Timeout: 3 * time.Second}
+	if m, err := env.Raw(context.Background(), o, DoubleAck); err != nil || m.Events != 10 {
+		t.Fatalf("plain DoubleAck: %+v, %v", m, err)
+	}
+	_, err = env.Raw(context.Background(), o, ValidatingDoubleAck)
+	if err == nil || !strings.Contains(err.Error(), "9 of 10 events settled") ||
+		!strings.Contains(err.Error(), "did not validate: event "+idPrefix(env.runs)+"3") {
+		t.Fatalf("validating DoubleAck with an invalid event: %v", err)
 	}
 }
 
