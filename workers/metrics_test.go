@@ -17,6 +17,9 @@ import (
 // over the series that carry every label of labels (name, value, ...).
 func metric(t testing.TB, reg *prometheus.Registry, name string, labels ...string) float64 {
 	t.Helper()
+	if len(labels)%2 != 0 {
+		t.Fatalf("metric %s: labels %q are not name and value pairs", name, labels)
+	}
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -24,8 +24,9 @@ type taker struct {
 	it jetstream.MessagesContext
 	// take is loop as a func value, made once rather than per hand-over.
 	take func()
-	// last is the last error Next returned before the iterator closed
-	// (the consumer was deleted, say); it is only touched by the taker.
+	// last is the error Next returned since the last message, if any (the
+	// consumer was deleted, say): what ended the iterator, when it closes
+	// after one. Only the taker touches it.
 	last error
 	// done closes once the iterator has closed; err then says why, when
 	// serve did not ask for it.
@@ -55,6 +56,7 @@ func (t *taker) loop() {
 			t.w.log.Debug().Err(err).Msg("pull interrupted")
 			continue
 		}
+		t.last = nil
 		if run := t.w.accept(msg); run != nil {
 			t.w.runners.run(t.take)
 			run()

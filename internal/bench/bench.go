@@ -213,7 +213,7 @@ func (r Result) String() string {
 		return v.Round(10 * time.Microsecond)
 	}
 	line := func(name string, m Measure) string {
-		return fmt.Sprintf("%-30s %6d events in %8v %9.0f events/s   handler p50 %9v p99 %9v   settled p50 %9v p99 %9v   CPU %7v/event\n",
+		return fmt.Sprintf("%-34s %6d events in %8v %9.0f events/s   handler p50 %9v p99 %9v   settled p50 %9v p99 %9v   CPU %7v/event\n",
 			name, m.Events, m.Elapsed.Round(time.Millisecond), m.PerSecond,
 			d(m.Handler.P50), d(m.Handler.P99), d(m.Settled.P50), d(m.Settled.P99), m.CPU.Round(time.Microsecond))
 	}
@@ -225,11 +225,10 @@ func (r Result) String() string {
 	if len(r.Rounds) > 1 {
 		out = fmt.Sprintf("published as %s; medians of %d rounds\n", mode, len(r.Rounds))
 	}
-	out += line("runtime (no-op worker)", r.Runtime) +
-		line("raw consumer, Ack", r.RawAck) +
-		line("raw consumer, serial DoubleAck", r.RawDouble) +
-		line("  the same, validating", r.RawValidating) +
-		fmt.Sprintf("runtime / raw Ack throughput: %.2f\n", r.Ratio()) +
+	for _, p := range paths {
+		out += line(p.name, *p.into(&r.Round))
+	}
+	out += fmt.Sprintf("runtime / raw Ack throughput: %.2f\n", r.Ratio()) +
 		fmt.Sprintf("runtime / raw DoubleAck p99 settled: %.2f, p99 handler: %.2f\n", r.SettledRatio(), r.HandlerRatio()) +
 		fmt.Sprintf("runtime / validating raw DoubleAck p99 handler: %.2f\n", r.ValidatingHandlerRatio())
 	if len(r.Rounds) > 1 {
@@ -553,7 +552,7 @@ func (e *Env) Runtime(ctx context.Context, o Options) (Measure, error) {
 	if err := e.publish(ctx, t, msgs, o.Rate); err != nil {
 		return Measure{}, err
 	}
-	if err := e.wait(ctx, t, "runtime", o.Progress); err != nil {
+	if err := e.wait(ctx, t, runtimePath, o.Progress); err != nil {
 		return Measure{}, err
 	}
 	return t.measure(), nil
@@ -574,10 +573,13 @@ const (
 	ValidatingDoubleAck
 )
 
-// String names the path as the report's progress lines and errors do.
+// String names the path as the report, its progress lines and errors do.
 func (c RawConsumer) String() string {
-	return [...]string{"raw Ack", "raw DoubleAck", "validating raw DoubleAck"}[c]
+	return [...]string{"raw consumer, Ack", "raw consumer, serial DoubleAck", "raw consumer, validating DoubleAck"}[c]
 }
+
+// runtimePath names the runtime's path as String names the raw ones.
+const runtimePath = "runtime (no-op worker)"
 
 // Raw publishes the same kind of events to a stream of their own and
 // consumes them with a plain durable pull consumer, as c says.
@@ -685,6 +687,27 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
+// path is one way of consuming the events: how it is measured, where a
+// Round keeps its measure, and its name in the report, progress and errors.
+type path struct {
+	name    string
+	measure func(*Env, context.Context, Options) (Measure, error)
+	into    func(*Round) *Measure
+}
+
+// paths are a Round's, in the order Run starts its first round with and the
+// report lists them.
+var paths = []path{
+	{runtimePath, (*Env).Runtime, func(r *Round) *Measure { return &r.Runtime }},
+	rawPath(Ack, func(r *Round) *Measure { return &r.RawAck }),
+	rawPath(DoubleAck, func(r *Round) *Measure { return &r.RawDouble }),
+	rawPath(ValidatingDoubleAck, func(r *Round) *Measure { return &r.RawValidating }),
+}
+
+func rawPath(c RawConsumer, into func(*Round) *Measure) path {
+	return path{c.String(), func(e *Env, ctx context.Context, o Options) (Measure, error) { return e.Raw(ctx, o, c) }, into}
+}
+
 // warmUpEvents is the size of the unmeasured burst each path gets first.
 const warmUpEvents = 2000
 
@@ -698,20 +721,9 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		return Result{}, err
 	}
 	defer env.Close()
-	type path struct {
-		name    string
-		measure func(Options) (Measure, error)
-		into    func(*Round) *Measure
-	}
-	paths := []path{
-		{"runtime", func(o Options) (Measure, error) { return env.Runtime(ctx, o) }, func(r *Round) *Measure { return &r.Runtime }},
-		{Ack.String(), func(o Options) (Measure, error) { return env.Raw(ctx, o, Ack) }, func(r *Round) *Measure { return &r.RawAck }},
-		{DoubleAck.String(), func(o Options) (Measure, error) { return env.Raw(ctx, o, DoubleAck) }, func(r *Round) *Measure { return &r.RawDouble }},
-		{ValidatingDoubleAck.String(), func(o Options) (Measure, error) { return env.Raw(ctx, o, ValidatingDoubleAck) }, func(r *Round) *Measure { return &r.RawValidating }},
-	}
 	warm := Options{Events: min(warmUpEvents, o.Events), Keys: o.Keys, Concurrency: o.Concurrency, Timeout: o.Timeout}
 	for _, p := range paths {
-		if _, err := p.measure(warm); err != nil {
+		if _, err := p.measure(env, ctx, warm); err != nil {
 			return Result{}, fmt.Errorf("%s, warming up: %w", p.name, err)
 		}
 	}
@@ -719,7 +731,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	for i := range res.Rounds {
 		for j := range paths {
 			p := paths[(i+j)%len(paths)]
-			m, err := p.measure(o)
+			m, err := p.measure(env, ctx, o)
 			if err != nil {
 				return Result{}, fmt.Errorf("%s, round %d: %w", p.name, i+1, err)
 			}
