@@ -48,6 +48,13 @@ const (
 // an event before the stream has stored it.
 const StoredPrefix = "steward.stored"
 
+// ControlSubject is where an operator's tools tell a stream-reading
+// instance to look again at once (after a pause ends, say). The message's
+// content is not read.
+func ControlSubject(worker, instance string) string {
+	return "steward.control." + worker + "." + instance
+}
+
 // StoredSubject is where the stored notice of events on subject goes.
 func StoredSubject(subject string) string {
 	return StoredPrefix + strings.TrimPrefix(subject, EventsPrefix)

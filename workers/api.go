@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/steward-dev/steward/events"
 )
 
 // Handler applies one event. It must be idempotent: after a crash the same
@@ -93,6 +95,6 @@ const (
 	DefaultConcurrency    = 32
 	DefaultShutdownGrace  = 30 * time.Second
 	// CheckpointBucket is the KV bucket holding checkpoints and the
-	// handlers' state.
-	CheckpointBucket = "STEWARD_CHECKPOINTS"
+	// handlers' state (events.CheckpointBucket, the bucket's one home).
+	CheckpointBucket = events.CheckpointBucket
 )

@@ -46,7 +46,7 @@ func TestARunOfOneKeySharesOneCheckpointWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	watch, err := kv.Watch(ctx, workers.CheckpointKey(testWorker, "run", events.TypeCredentialRotated, "hive-run"), jetstream.UpdatesOnly())
+	watch, err := kv.Watch(ctx, events.CheckpointKey(testWorker, "run", events.TypeCredentialRotated, "hive-run"), jetstream.UpdatesOnly())
 	if err != nil {
 		t.Fatal(err)
 	}

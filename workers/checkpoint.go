@@ -2,64 +2,22 @@ package workers
 
 import (
 	"context"
-	"encoding/base32"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
 )
 
-// checkpoint is what the runtime keeps per worker instance and order key:
-// the last stream sequence settled (applied, refused, superseded or
-// dead-lettered), and the stage a handler saved for the event it is
-// working on. Its JSON is the stored format, read by every version since
-// the first: add fields, never rename them.
-type checkpoint struct {
-	Applied  uint64          `json:"applied"`
-	EventID  string          `json:"eventId,omitempty"`
-	StageSeq uint64          `json:"stageSeq,omitempty"`
-	Stage    json.RawMessage `json:"stage,omitempty"`
-}
+// checkpoint is the document the runtime keeps per instance and lane
+// (events.Checkpoint, stored under events.CheckpointKey).
+type checkpoint = events.Checkpoint
 
-// kvToken turns a key into something a KV key may hold. Subject tokens pass
-// as they are; anything else (a version with '+') is base32-encoded behind a
-// prefix no token starts with.
-func kvToken(key string) string {
-	if events.CheckKey(key) == nil {
-		return key
-	}
-	return "_" + strings.ToLower(base32.HexEncoding.WithPadding(base32.NoPadding).EncodeToString([]byte(key)))
-}
-
-// laneOf names what orders and checkpoints an event: its kind and its
-// order key, so a box and a deployment that share a name never share a
-// checkpoint.
-func laneOf(typ, key string) string {
-	kind := strings.ReplaceAll(strings.TrimSuffix(strings.TrimPrefix(typ, "dev.steward."), ".v1"), ".", "-")
-	return kvToken(kind) + "." + kvToken(key)
-}
-
-// CheckpointKey is the key in CheckpointBucket under which an instance of
-// a worker keeps its checkpoint for the events of type typ and order key
-// key: cp.<worker>.<instance>.<kind>.<key>, the kind being the type
-// without dev.steward. and .v1, dots as dashes, and a kind or key that is
-// not a subject token base32-encoded behind '_'. instance may be "*" in a
-// watch filter over every instance.
-func CheckpointKey(worker, instance, typ, key string) string {
-	return checkpointKey(worker, instance, laneOf(typ, key))
-}
-
-func checkpointKey(worker, instance, lane string) string {
-	return "cp." + worker + "." + instance + "." + lane
-}
+// laneOf names what orders and checkpoints an event (events.Lane).
+func laneOf(typ, key string) string { return events.Lane(typ, key) }
 
 func (w *Runtime) checkpointKey(lane string) string {
-	return checkpointKey(w.spec.Name, w.spec.Instance, lane)
+	return events.LaneCheckpointKey(w.spec.Name, w.spec.Instance, lane)
 }
 
 // checkpointFor returns the checkpoint of h's lane and its revision, from
@@ -73,33 +31,29 @@ func (w *Runtime) checkpointFor(ctx context.Context, h *held) (cp checkpoint, re
 	return cp, rev, false, err
 }
 
+// getCheckpoint reads the lane's checkpoint. One that does not verify as
+// this instance's counts as absent (its events are decided again, and the
+// stage it names is discarded), but its revision is returned, so the next
+// write replaces it.
 func (w *Runtime) getCheckpoint(ctx context.Context, lane string) (checkpoint, uint64, error) {
 	var cp checkpoint
 	epoch := w.epoch.Load()
-	entry, err := w.kv.Get(ctx, w.checkpointKey(lane))
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		w.cps.put(lane, cachedCP{epoch: epoch})
-		return cp, 0, nil
-	}
+	doc, err := w.store.Get(ctx, w.checkpointKey(lane))
 	if err != nil {
 		return cp, 0, fmt.Errorf("read checkpoint of %s: %w", lane, err)
 	}
-	if err := json.Unmarshal(entry.Value(), &cp); err != nil {
-		return cp, 0, fmt.Errorf("checkpoint of %s is not readable: %w", lane, err)
+	if err := doc.Decode(&cp); err != nil {
+		return cp, 0, err
 	}
-	w.cps.put(lane, cachedCP{cp: cp, rev: entry.Revision(), epoch: epoch})
-	return cp, entry.Revision(), nil
+	w.cps.put(lane, cachedCP{cp: cp, rev: doc.Revision, epoch: epoch})
+	return cp, doc.Revision, nil
 }
 
 func (w *Runtime) putCheckpoint(ctx context.Context, lane string, cp checkpoint, rev uint64) (uint64, error) {
-	raw, err := json.Marshal(cp)
-	if err != nil {
-		return 0, err
-	}
 	// The epoch is read before the write: a gap seen meanwhile leaves the
 	// cached entry stale, and the next event of the lane reads again.
 	epoch := w.epoch.Load()
-	next, err := casPut(ctx, w.kv, w.checkpointKey(lane), raw, rev)
+	next, err := w.store.Put(ctx, w.checkpointKey(lane), cp, rev)
 	if err != nil {
 		w.cps.drop(lane)
 		return 0, err

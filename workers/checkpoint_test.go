@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -93,9 +95,12 @@ func TestStateIsCompareAndSwap(t *testing.T) {
 }
 
 // TestStartsOnAStoreThePreviousVersionWrote lays out the bucket and the
-// consumer exactly as the previous runtime created them (MaxDeliver 10, a
-// checkpoint with a saved stage), then starts this runtime on them: the
-// applied event is skipped and the staged one resumes from its stage.
+// consumer exactly as the previous runtime created them (MaxDeliver 10, an
+// unsigned checkpoint with a saved stage), records the upgrade as `steward
+// setup` does, then starts this runtime on them: the applied event is
+// skipped, the staged one resumes from its stage, and the legacy document
+// is signed again. An unsigned checkpoint written after the upgrade record
+// is not believed: its key's event is handled, not skipped.
 func TestStartsOnAStoreThePreviousVersionWrote(t *testing.T) {
 	srv := workertest.StartServer(t)
 	js := srv.JetStream(t)
@@ -111,7 +116,17 @@ func TestStartsOnAStoreThePreviousVersionWrote(t *testing.T) {
 		t.Fatal(err)
 	}
 	old := fmt.Sprintf(`{"applied":%d,"eventId":"old-1","stageSeq":%d,"stage":{"stage":"running","execution":"exec-7"}}`, first.Sequence, second.Sequence)
-	if _, err := kv.Put(ctx, "cp."+testWorker+".upgrade.credential-rotated.hive-u", []byte(old)); err != nil {
+	key := "cp." + testWorker + ".upgrade.credential-rotated.hive-u"
+	if _, err := kv.Put(ctx, key, []byte(old)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := workertest.OperatorDocs(t, js).RecordUpgrade(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Written after the record, unsigned: what reflection leaves.
+	late := publishRotation(t, js, "hive-v", 1)
+	forged := fmt.Sprintf(`{"applied":%d}`, late.Sequence+1000)
+	if _, err := kv.Put(ctx, "cp."+testWorker+".upgrade.credential-rotated.hive-v", []byte(forged)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := js.CreateConsumer(ctx, events.StreamEvents, jetstream.ConsumerConfig{
@@ -132,8 +147,20 @@ func TestStartsOnAStoreThePreviousVersionWrote(t *testing.T) {
 	}))
 	workertest.WaitIdle(t, js, r.ConsumerName())
 
-	if rec.count(1) != 0 || rec.count(2) != 1 {
-		t.Fatalf("handled v1 %d and v2 %d times, want 0 and 1", rec.count(1), rec.count(2))
+	if rec.count(1) != 1 || rec.count(2) != 1 {
+		// hive-u's v1 is skipped (the legacy checkpoint says so);
+		// hive-v's v1 is handled (its unsigned checkpoint is not believed).
+		t.Fatalf("handled v1 %d and v2 %d times, want 1 (hive-v only) and 1", rec.count(1), rec.count(2))
+	}
+	rec.mu.Lock()
+	order := slices.Clone(rec.order)
+	rec.mu.Unlock()
+	if slices.Contains(order, "hive-u:1") || !slices.Contains(order, "hive-v:1") {
+		t.Fatalf("handled %v, want hive-u's v1 skipped and hive-v's handled", order)
+	}
+	entry, err := kv.Get(ctx, key)
+	if err != nil || !strings.Contains(string(entry.Value()), `"proof":`) {
+		t.Fatalf("the legacy checkpoint was not signed again after it was read: %s (%v)", entry.Value(), err)
 	}
 	if resumed["execution"] != "exec-7" {
 		t.Fatalf("resumed from %v, want the stage the previous version saved", resumed)

@@ -2,7 +2,6 @@ package workers
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -31,20 +30,20 @@ func Settled(ctx context.Context, js jetstream.JetStream, worker, instance strin
 	if !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return false, "", err
 	}
-	kv, err := js.KeyValue(ctx, CheckpointBucket)
+	store, err := events.OpenStore(ctx, js, events.StoreOptions{})
 	if err != nil {
-		return false, "", fmt.Errorf("no consumer %s, and the checkpoint bucket cannot be read: %w", name, err)
+		return false, "", fmt.Errorf("no consumer %s, and %w", name, err)
 	}
-	entry, err := kv.Get(ctx, CursorKey(worker, instance))
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return false, "no consumer " + name + " and no stream cursor yet", nil
-	}
+	d, err := store.Get(ctx, events.CursorKey(worker, instance))
 	if err != nil {
 		return false, "", err
 	}
-	var doc cursorDoc
-	if err := json.Unmarshal(entry.Value(), &doc); err != nil {
-		return false, "", fmt.Errorf("the cursor of %s is not readable: %w", name, err)
+	if !d.Present() {
+		return false, "no consumer " + name + " and no stream cursor yet", nil
+	}
+	var doc events.Cursor
+	if err := d.Decode(&doc); err != nil {
+		return false, "", err
 	}
 	var behind []string
 	for subj, at := range doc.Subjects {

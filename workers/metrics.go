@@ -6,6 +6,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/steward-dev/steward/events"
 )
 
 // The results a delivery is counted under in steward_events_total.
@@ -36,6 +38,7 @@ type metrics struct {
 	redelivered *prometheus.CounterVec
 	oldestHeld  *prometheus.GaugeVec
 	dlqFailed   *prometheus.CounterVec
+	forged      *prometheus.CounterVec
 }
 
 // instanceMetrics are one worker instance's children of the vectors,
@@ -52,6 +55,7 @@ type instanceMetrics struct {
 	redelivered prometheus.Counter
 	oldestHeld  prometheus.Gauge
 	dlqFailed   prometheus.Counter
+	forged      map[events.DocKind]prometheus.Counter
 }
 
 func (m *metrics) forInstance(worker, instance string) *instanceMetrics {
@@ -68,6 +72,10 @@ func (m *metrics) forInstance(worker, instance string) *instanceMetrics {
 		redelivered: m.redelivered.With(l),
 		oldestHeld:  m.oldestHeld.With(l),
 		dlqFailed:   m.dlqFailed.With(l),
+		forged:      map[events.DocKind]prometheus.Counter{},
+	}
+	for _, k := range events.DocKinds {
+		im.forged[k] = m.forged.With(prometheus.Labels{"worker": worker, "instance": instance, "kind": string(k)})
 	}
 	for _, r := range []string{resultApplied, resultRefused, resultSuperseded, resultSkipped, resultRetried, resultDead, resultReleased} {
 		im.results[r] = m.events.With(prometheus.Labels{"worker": worker, "instance": instance, "result": r})
@@ -144,6 +152,10 @@ func newMetrics(r prometheus.Registerer) *metrics {
 			Name: "steward_dlq_writes_failed_total",
 			Help: "Dead letters that could not be written; each event was kept and tried again.",
 		}, labels)),
+		forged: register(r, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "steward_forged_documents_total",
+			Help: "Documents of the instance's in the checkpoint bucket that did not verify for their writer, by kind; each was not believed and fell back (docs/design.md §7).",
+		}, append(labels, "kind"))),
 	}
 }
 

@@ -7,6 +7,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/steward-dev/steward/internal/proof"
 )
 
 type options struct {
@@ -27,6 +29,10 @@ type options struct {
 	logger         zerolog.Logger
 	registerer     prometheus.Registerer
 	now            func() time.Time
+	// signer and verifier are the instance's document keys (documents.go).
+	signer   *proof.Signer
+	verifier *proof.Verifier
+	domain   string
 }
 
 func defaultOptions() options {
@@ -145,3 +151,20 @@ func WithLogger(l zerolog.Logger) Option { return func(o *options) { o.logger = 
 // WithRegisterer sets where metrics are registered; the default is
 // prometheus.DefaultRegisterer.
 func WithRegisterer(r prometheus.Registerer) Option { return func(o *options) { o.registerer = r } }
+
+// WithDocumentKeys sets what the instance signs its stored documents with
+// and whose documents it believes (docs/design.md §7): signer is the
+// instance's document key (its writer name must be "<worker>-<instance>"),
+// verifier trusts it and the operator, by pinned keys or by the account
+// that certifies them. `steward worker` loads both from the credentials
+// and the document key beside them; workertest uses test keys. Without
+// this option an instance signs with a key that lives only in its process,
+// so what it stored before a restart no longer verifies and each key's
+// events are decided again.
+func WithDocumentKeys(signer *proof.Signer, verifier *proof.Verifier) Option {
+	return func(o *options) { o.signer, o.verifier = signer, verifier }
+}
+
+// WithDomain names the JetStream domain the instance stores in, which
+// every document's signature binds (a site's leaf node, docs/design.md §8).
+func WithDomain(domain string) Option { return func(o *options) { o.domain = domain } }

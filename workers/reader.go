@@ -2,12 +2,12 @@ package workers
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -63,89 +63,25 @@ func ParseReadMode(s string) (ReadMode, error) {
 // connection was down. A reconnect reads them at once too.
 const DefaultResync = 5 * time.Minute
 
-// cursorDoc is the stream reader's durable progress: per subject, the
-// stream sequence up to which every event has been settled.
-type cursorDoc struct {
-	Subjects map[string]uint64 `json:"subjects"`
-}
+// cursorKey is where an instance's cursor is kept (events.CursorKey).
+func (w *Runtime) cursorKey() string { return events.CursorKey(w.spec.Name, w.spec.Instance) }
 
-// cursorKey is where an instance's cursor is kept: a checkpoint key, so
-// whoever may write the instance's checkpoints may write it.
-func (w *Runtime) cursorKey() string { return "cp." + w.spec.Name + "." + w.spec.Instance + "._cursor" }
 
-// ControlSubject is where an operator's tools tell a stream-reading
-// instance to look again at once (after a pause ends, say). The message's
-// content is not read.
-func ControlSubject(worker, instance string) string {
-	return "steward.control." + worker + "." + instance
-}
-
-// PauseKey is where a stream-reading instance's pause is kept in
-// CheckpointBucket: {"until": time}. An instance with a consumer is paused
-// on its consumer (JetStream's consumer pause) instead.
-func PauseKey(worker, instance string) string { return "cp." + worker + "." + instance + "._paused" }
-
-// pauseDoc is a stream reader's pause: it reads nothing until Until.
-type pauseDoc struct {
-	Until time.Time `json:"until"`
-}
-
-// PauseStream pauses a stream-reading instance until the given time, and
-// ResumeStream ends the pause: both write the pause document and tell the
-// instance on its control subject, so it stops or starts reading at once.
-func PauseStream(ctx context.Context, js jetstream.JetStream, worker, instance string, until time.Time) error {
-	kv, err := js.KeyValue(ctx, CheckpointBucket)
+// readPause reads the instance's pause: the time it ends, or the zero
+// time. Only an operator's signature makes a pause: one that does not
+// verify is ignored (and reported by the store), so a forged pause cannot
+// hold the instance off its events.
+func (w *Runtime) readPause(ctx context.Context) (time.Time, error) {
+	doc, err := w.store.Get(ctx, events.PauseKey(w.spec.Name, w.spec.Instance))
 	if err != nil {
-		return fmt.Errorf("pause %s-%s: the checkpoint bucket: %w", worker, instance, err)
+		return time.Time{}, fmt.Errorf("read the pause of %s: %w", w.consumerName(), err)
 	}
-	raw, _ := json.Marshal(pauseDoc{Until: until.UTC()})
-	if _, err := kv.Put(ctx, PauseKey(worker, instance), raw); err != nil {
-		return fmt.Errorf("pause %s-%s: %w", worker, instance, err)
+	var p events.Pause
+	if err := doc.Decode(&p); err != nil {
+		return time.Time{}, fmt.Errorf("%w; resume it to clear it", err)
 	}
-	return js.Conn().Publish(ControlSubject(worker, instance), nil)
+	return p.Until, nil
 }
-
-// ResumeStream ends a stream-reading instance's pause (see PauseStream).
-func ResumeStream(ctx context.Context, js jetstream.JetStream, worker, instance string) error {
-	kv, err := js.KeyValue(ctx, CheckpointBucket)
-	if err != nil {
-		return fmt.Errorf("resume %s-%s: the checkpoint bucket: %w", worker, instance, err)
-	}
-	if err := kv.Delete(ctx, PauseKey(worker, instance)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-		return fmt.Errorf("resume %s-%s: %w", worker, instance, err)
-	}
-	return js.Conn().Publish(ControlSubject(worker, instance), nil)
-}
-
-// StreamPause reads a stream-reading instance's pause: the time it ends,
-// or the zero time when it is not paused.
-func StreamPause(ctx context.Context, js jetstream.JetStream, worker, instance string) (time.Time, error) {
-	kv, err := js.KeyValue(ctx, CheckpointBucket)
-	if err != nil {
-		return time.Time{}, err
-	}
-	return readPause(ctx, kv, worker, instance)
-}
-
-func readPause(ctx context.Context, kv jetstream.KeyValue, worker, instance string) (time.Time, error) {
-	entry, err := kv.Get(ctx, PauseKey(worker, instance))
-	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
-		return time.Time{}, nil
-	}
-	if err != nil {
-		return time.Time{}, fmt.Errorf("read the pause of %s-%s: %w", worker, instance, err)
-	}
-	var doc pauseDoc
-	if err := json.Unmarshal(entry.Value(), &doc); err != nil {
-		return time.Time{}, fmt.Errorf("the pause of %s-%s is not readable: %w; resume it to clear it", worker, instance, err)
-	}
-	return doc.Until, nil
-}
-
-// CursorKey is where a stream-reading worker instance keeps its cursor in
-// CheckpointBucket: the sequence, per subject, up to which it has settled
-// every event.
-func CursorKey(worker, instance string) string { return "cp." + worker + "." + instance + "._cursor" }
 
 // reader is the state of ReadStream: what was read and not yet settled,
 // and how far each subject has been read.
@@ -204,7 +140,7 @@ func (w *Runtime) runReader(ctx context.Context) error {
 	// the control subject only wakes the reader when a pause ends.
 	var pausedUntil time.Time
 	readPaused := func() {
-		until, err := readPause(ctx, w.kv, w.spec.Name, w.spec.Instance)
+		until, err := w.readPause(ctx)
 		if err != nil {
 			w.log.Warn().Err(err).Msg("the pause could not be read; reading as if not paused")
 			until = time.Time{}
@@ -220,7 +156,7 @@ func (w *Runtime) runReader(ctx context.Context) error {
 		pausedUntil = until
 	}
 	control := make(chan struct{}, 1)
-	csub, err := nc.Subscribe(ControlSubject(w.spec.Name, w.spec.Instance), func(*nats.Msg) {
+	csub, err := nc.Subscribe(events.ControlSubject(w.spec.Name, w.spec.Instance), func(*nats.Msg) {
 		select {
 		case control <- struct{}{}:
 		default:
@@ -344,26 +280,58 @@ func (w *Runtime) scan(ctx context.Context) error {
 // checkpoints skip what was already applied).
 func (w *Runtime) loadCursor(ctx context.Context) error {
 	r := w.reader
-	entry, err := w.kv.Get(ctx, w.cursorKey())
+	doc, err := w.store.Get(ctx, w.cursorKey())
 	switch {
-	case err == nil:
-		var doc cursorDoc
-		if err := json.Unmarshal(entry.Value(), &doc); err != nil {
-			return fmt.Errorf("the cursor of %s (%s) is not readable: %w; delete it to read the stream from the start, the checkpoints skip what was applied", w.consumerName(), w.cursorKey(), err)
+	case err != nil:
+		return fmt.Errorf("read the cursor of %s: %w", w.consumerName(), err)
+	case doc.Trusted:
+		var c events.Cursor
+		if err := doc.Decode(&c); err != nil {
+			return fmt.Errorf("%w; delete it to read the stream from the start, the checkpoints skip what was applied", err)
 		}
 		r.mu.Lock()
-		for subj, seq := range doc.Subjects {
+		for subj, seq := range c.Subjects {
 			if slices.Contains(w.spec.Subjects, subj) {
 				r.scanned[subj] = seq
 			}
 		}
-		r.saved, r.rev = maps.Clone(r.scanned), entry.Revision()
+		r.saved, r.rev = maps.Clone(r.scanned), doc.Revision
 		r.mu.Unlock()
 		return nil
-	case !errors.Is(err, jetstream.ErrKeyNotFound):
-		return fmt.Errorf("read the cursor of %s: %w", w.consumerName(), err)
+	case doc.Present():
+		// A cursor that does not verify is not believed: the subjects
+		// are read again, and the keys' own checkpoints skip what was
+		// applied.
+		return w.rereadFrom(ctx)
 	}
 	return w.adoptConsumer(ctx)
+}
+
+// rereadFrom places the reader after a cursor that did not verify. It
+// re-reads what the keys need and no more, so a forgery across a whole
+// fleet is no thundering herd: under latest-wins, a subject of the
+// instance's own (ending in its token) is read from its newest event, which
+// supersedes every older one of its key anyway; any other subject is read
+// from its start, and the keys' checkpoints skip what was applied.
+func (w *Runtime) rereadFrom(ctx context.Context) error {
+	r := w.reader
+	for _, subj := range w.spec.Subjects {
+		from := uint64(0)
+		if w.spec.Rank != nil && strings.HasSuffix(subj, "."+w.spec.Instance) {
+			m, err := w.stream.GetLastMsgForSubject(ctx, subj)
+			switch {
+			case err == nil:
+				from = m.Sequence - 1
+			case !errors.Is(err, jetstream.ErrMsgNotFound):
+				return fmt.Errorf("find the newest event of %s after the cursor of %s did not verify: %w", subj, w.consumerName(), err)
+			}
+		}
+		r.mu.Lock()
+		r.scanned[subj] = from
+		r.mu.Unlock()
+	}
+	w.log.Warn().Msg("the stream cursor does not verify as this instance's, so it is not believed: the subjects are read again, and each key's checkpoint skips what was applied")
+	return nil
 }
 
 // adoptConsumer moves an instance from its durable consumer to the stream
@@ -414,13 +382,9 @@ func (w *Runtime) saveCursorNow(ctx context.Context) error {
 	if same {
 		return nil
 	}
-	raw, err := json.Marshal(cursorDoc{Subjects: c})
-	if err != nil {
-		return err
-	}
 	// Only this process reads this instance, so the write is plain; the
 	// revision is kept to say what was written, not to race anyone.
-	next, err := w.kv.Put(ctx, w.cursorKey(), raw)
+	next, err := w.store.Set(ctx, w.cursorKey(), events.Cursor{Subjects: c})
 	if err != nil {
 		return fmt.Errorf("save the cursor of %s: %w", w.consumerName(), err)
 	}

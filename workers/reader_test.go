@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/ops"
 	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/workertest"
 )
@@ -161,12 +162,9 @@ func TestAStreamReaderPausesAndResumes(t *testing.T) {
 	workertest.WaitIdle(t, js, r.ConsumerName())
 
 	ctx := context.Background()
-	if err := workers.PauseStream(ctx, js, testWorker, "hive-p", time.Now().Add(time.Hour)); err != nil {
-		t.Fatal(err)
-	}
-	until, err := workers.StreamPause(ctx, js, testWorker, "hive-p")
-	if err != nil || until.IsZero() {
-		t.Fatalf("the pause reads back as %v (%v)", until, err)
+	docs := workertest.OperatorDocs(t, js)
+	if p, err := ops.Pause(ctx, js, docs, testWorker, "hive-p", time.Now().Add(time.Hour)); err != nil || !p.Paused {
+		t.Fatalf("pause: %+v, %v", p, err)
 	}
 	// The control message and the pause document travel on one
 	// connection, in order, ahead of the event: a window in which the
@@ -179,7 +177,7 @@ func TestAStreamReaderPausesAndResumes(t *testing.T) {
 		}
 		runtime.Gosched()
 	}
-	if err := workers.ResumeStream(ctx, js, testWorker, "hive-p"); err != nil {
+	if _, err := ops.Resume(ctx, js, docs, testWorker, "hive-p"); err != nil {
 		t.Fatal(err)
 	}
 	workertest.WaitIdle(t, js, r.ConsumerName())

@@ -108,13 +108,16 @@ func NewReplayer(ctx context.Context, js jetstream.JetStream, spec Spec, h Handl
 	if spec.OrderKey == nil {
 		spec.OrderKey = func(e event.Event) string { return e.Subject() }
 	}
-	w := &Runtime{js: js, spec: spec, handler: h, o: o, m: newMetrics(o.registerer).forInstance(spec.Name, spec.Instance)}
+	ephemeral := documentKeys(&o, spec.Name+"-"+spec.Instance)
+	w := &Runtime{js: js, spec: spec, handler: h, o: o, m: newMetrics(o.registerer).forInstance(spec.Name, spec.Instance), ephemeralKey: ephemeral}
 	w.log = o.logger.With().Str("worker", spec.Name).Str("instance", spec.Instance).Logger()
 	kv, err := js.KeyValue(ctx, CheckpointBucket)
 	switch {
 	case err == nil:
-		w.kv = kv
-		w.state = &State{kv: kv, prefix: "st." + spec.Name + "." + spec.Instance + "."}
+		if err := w.bindStore(ctx, kv); err != nil {
+			return nil, err
+		}
+		w.state = &State{prefix: events.StatePrefix(spec.Name, spec.Instance), open: w.openStore}
 	case !errors.Is(err, jetstream.ErrBucketNotFound):
 		return nil, fmt.Errorf("look up bucket %s: %w", CheckpointBucket, err)
 	}
@@ -145,8 +148,10 @@ func (r *Replayer) Replay(ctx context.Context, from ReplayFrom, dryRun bool, tot
 		if err != nil {
 			return err
 		}
-		r.w.kv = kv
-		r.w.state = &State{kv: kv, prefix: "st." + r.w.spec.Name + "." + r.w.spec.Instance + "."}
+		if err := r.w.bindStore(ctx, kv); err != nil {
+			return err
+		}
+		r.w.state = &State{prefix: events.StatePrefix(r.w.spec.Name, r.w.spec.Instance), open: r.w.openStore}
 	}
 	return r.w.replay(ctx, from, dryRun, total, fn)
 }

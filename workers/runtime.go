@@ -33,7 +33,7 @@ type Runtime struct {
 	spec     Spec
 	handler  Handler
 	o        options
-	kv       jetstream.KeyValue
+	store    *events.Store
 	stream   jetstream.Stream
 	consumer jetstream.Consumer
 	state    *State
@@ -66,6 +66,7 @@ type Runtime struct {
 	// ensured says Ensure has made what the instance needs on the server.
 	ensureMu sync.Mutex
 	ensured  bool
+	storeMu  sync.Mutex
 	// consuming is set while Run serves, after Ensure.
 	consuming atomic.Bool
 
@@ -75,6 +76,11 @@ type Runtime struct {
 
 	// lastStatus is the status document last written (without its time).
 	lastStatus []byte
+	// forged is what the instance found forged in the bucket
+	// (documents.go); ephemeralKey says its document key lives only in
+	// this process.
+	forged       forgeries
+	ephemeralKey bool
 
 	sem chan struct{}
 	// runners run lanes and ack confirmations on goroutines kept between
@@ -150,7 +156,9 @@ func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts
 	if spec.OrderKey == nil {
 		spec.OrderKey = func(e event.Event) string { return e.Subject() }
 	}
+	ephemeral := documentKeys(&o, spec.Name+"-"+spec.Instance)
 	w := &Runtime{
+		ephemeralKey: ephemeral,
 		js: js, spec: spec, handler: h, o: o,
 		lanes:   map[string]*lane{},
 		held:    map[uint64]*held{},
@@ -170,7 +178,7 @@ func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts
 	// Nothing is created here: New only checks, so a dry run or a test
 	// that builds a runtime and never runs it leaves no server state.
 	// Ensure (called by Run) creates what is missing.
-	w.state = &State{js: js, prefix: "st." + spec.Name + "." + spec.Instance + "."}
+	w.state = &State{prefix: events.StatePrefix(spec.Name, spec.Instance), open: w.openStore}
 	if o.readMode == ReadStream {
 		w.reader = &reader{scanned: map[string]uint64{}, pending: map[uint64]string{}, wake: make(chan struct{}, 1), save: make(chan struct{}, 1)}
 		for _, subj := range spec.Subjects {
@@ -201,7 +209,13 @@ func (w *Runtime) Ensure(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", events.StreamEvents, err)
 	}
-	w.kv, w.stream = kv, stream
+	if err := w.bindStore(ctx, kv); err != nil {
+		return err
+	}
+	w.stream = stream
+	if w.ephemeralKey {
+		w.log.Warn().Msg("no document key configured: this instance signs what it stores with a key that lives only in this process, so after a restart its checkpoints do not verify and each key's events are decided again (give it credentials from steward creds issue, which make one)")
+	}
 	if w.reader == nil {
 		if w.consumer, err = w.ensureConsumer(ctx); err != nil {
 			return err
@@ -263,4 +277,38 @@ func (w *Runtime) Ready() error {
 		return fmt.Errorf("worker %s: NATS is %s", w.consumerName(), nc.Status())
 	}
 	return nil
+}
+
+// bindStore makes the instance's store over kv, once.
+func (w *Runtime) bindStore(ctx context.Context, kv jetstream.KeyValue) error {
+	w.storeMu.Lock()
+	defer w.storeMu.Unlock()
+	if w.store != nil {
+		return nil
+	}
+	s, err := w.newStore(ctx, kv)
+	if err != nil {
+		return err
+	}
+	w.store = s
+	return nil
+}
+
+// openStore is the store, bound to the bucket on first use: a handler's
+// State may be read before Run has ensured the bucket.
+func (w *Runtime) openStore(ctx context.Context) (*events.Store, error) {
+	w.storeMu.Lock()
+	s := w.store
+	w.storeMu.Unlock()
+	if s != nil {
+		return s, nil
+	}
+	kv, err := w.js.KeyValue(ctx, events.CheckpointBucket)
+	if err != nil {
+		return nil, fmt.Errorf("the checkpoint bucket %s: %w (a worker creates it when it runs; steward setup creates it for all)", events.CheckpointBucket, err)
+	}
+	if err := w.bindStore(ctx, kv); err != nil {
+		return nil, err
+	}
+	return w.openStore(ctx)
 }

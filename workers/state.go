@@ -15,26 +15,13 @@ import (
 
 // ErrConflict says a compare-and-swap write lost: another process wrote the
 // same entry first. Read again and decide again.
-var ErrConflict = errors.New("written meanwhile by another process")
+var ErrConflict = events.ErrConflict
 
-// casPut writes only over revision rev (0: only if absent).
-func casPut(ctx context.Context, kv jetstream.KeyValue, key string, value []byte, rev uint64) (uint64, error) {
-	var (
-		next uint64
-		err  error
-	)
-	if rev == 0 {
-		next, err = kv.Create(ctx, key, value)
-	} else {
-		next, err = kv.Update(ctx, key, value, rev)
-	}
-	// A lost race is 10071 on a single server and 10164 on a replicated
-	// bucket; nats.go maps both to these two errors.
-	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-		return 0, fmt.Errorf("%s: %w", key, ErrConflict)
-	}
-	return next, err
-}
+// ErrUntrusted says a state document is there but does not verify as this
+// instance's (docs/design.md §7): it is not believed, and the handler
+// treats it as absent, rebuilding what it said from signed evidence. The
+// revision returned with it lets a Put replace it.
+var ErrUntrusted = errors.New("does not verify as this instance's own, so it is not believed")
 
 // State is a worker instance's durable state: small JSON documents by
 // name, written with compare-and-swap so two processes never overwrite
@@ -42,13 +29,11 @@ func casPut(ctx context.Context, kv jetstream.KeyValue, key string, value []byte
 // NewMemoryState's lives in memory, with the same revisions and conflicts,
 // for running a handler in a test.
 type State struct {
-	kv     jetstream.KeyValue
 	prefix string
-	// js finds the bucket on first use when kv is not set: a runtime's
-	// State exists before Run has ensured the bucket.
-	js     jetstream.JetStream
-	bindMu sync.Mutex
-	// mem, when set, holds the documents instead of kv.
+	// open finds the store on first use: a runtime's State exists before
+	// Run has ensured the bucket.
+	open func(context.Context) (*events.Store, error)
+	// mem, when set, holds the documents instead of the bucket.
 	mem *memStore
 }
 
@@ -80,18 +65,18 @@ func (s *State) Get(ctx context.Context, name string, v any) (uint64, error) {
 	if s.mem != nil {
 		raw, rev = s.mem.get(k)
 	} else {
-		kv, err := s.bucket(ctx)
+		store, err := s.open(ctx)
 		if err != nil {
 			return 0, err
 		}
-		entry, err := kv.Get(ctx, k)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			return 0, nil
-		}
+		doc, err := store.Get(ctx, k)
 		if err != nil {
 			return 0, fmt.Errorf("read state %s: %w", name, err)
 		}
-		raw, rev = entry.Value(), entry.Revision()
+		if doc.Present() && !doc.Trusted {
+			return doc.Revision, fmt.Errorf("state %s (%s): %w: %s", name, k, ErrUntrusted, doc.Forgery.Reason)
+		}
+		raw, rev = doc.Value, doc.Revision
 	}
 	if rev == 0 {
 		return 0, nil
@@ -110,19 +95,19 @@ func (s *State) Put(ctx context.Context, name string, v any, rev uint64) (uint64
 	if err != nil {
 		return 0, err
 	}
-	raw, err := json.Marshal(v)
-	if err != nil {
-		return 0, fmt.Errorf("state %s: %w", name, err)
-	}
 	var next uint64
 	if s.mem != nil {
+		raw, merr := json.Marshal(v)
+		if merr != nil {
+			return 0, fmt.Errorf("state %s: %w", name, merr)
+		}
 		next, err = s.mem.put(k, raw, rev)
 	} else {
-		var kv jetstream.KeyValue
-		if kv, err = s.bucket(ctx); err != nil {
+		var store *events.Store
+		if store, err = s.open(ctx); err != nil {
 			return 0, err
 		}
-		next, err = casPut(ctx, kv, k, raw, rev)
+		next, err = store.Put(ctx, k, v, rev)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("write state %s: %w", name, err)
@@ -131,7 +116,8 @@ func (s *State) Put(ctx context.Context, name string, v any, rev uint64) (uint64
 }
 
 // Documents returns every document of the instance's state by name, as
-// stored (JSON), so a test can say what a handler wrote.
+// signed (JSON, without its proof), so a test can say what a handler
+// wrote. A document that does not verify is returned as nil.
 func (s *State) Documents(ctx context.Context) (map[string]json.RawMessage, error) {
 	out := map[string]json.RawMessage{}
 	if s.mem != nil {
@@ -142,24 +128,24 @@ func (s *State) Documents(ctx context.Context) (map[string]json.RawMessage, erro
 		}
 		return out, nil
 	}
-	kv, err := s.bucket(ctx)
+	store, err := s.open(ctx)
 	if err != nil {
 		return nil, err
 	}
-	keys, err := kv.ListKeysFiltered(ctx, s.prefix+">")
+	keys, err := store.KV().ListKeysFiltered(ctx, s.prefix+">")
 	if err != nil {
 		return nil, fmt.Errorf("list state: %w", err)
 	}
 	defer keys.Stop()
 	for k := range keys.Keys() {
-		entry, err := kv.Get(ctx, k)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			continue // deleted meanwhile
-		}
+		doc, err := store.Get(ctx, k)
 		if err != nil {
 			return nil, fmt.Errorf("read state %s: %w", k, err)
 		}
-		out[strings.TrimPrefix(k, s.prefix)] = entry.Value()
+		if !doc.Present() {
+			continue // deleted meanwhile
+		}
+		out[strings.TrimPrefix(k, s.prefix)] = doc.Value
 	}
 	return out, nil
 }
@@ -185,7 +171,7 @@ func (m *memStore) get(key string) ([]byte, uint64) {
 	return d.value, d.rev
 }
 
-// put is casPut's rule in memory: over revision rev, or only if absent
+// put is the bucket's compare-and-swap rule in memory: over revision rev, or only if absent
 // when rev is 0.
 func (m *memStore) put(key string, value []byte, rev uint64) (uint64, error) {
 	m.mu.Lock()
@@ -199,21 +185,3 @@ func (m *memStore) put(key string, value []byte, rev uint64) (uint64, error) {
 }
 
 func isNotFound(err error) bool { return errors.Is(err, jetstream.ErrKeyNotFound) }
-
-// bucket is the KV bucket the documents are in, found on first use.
-func (s *State) bucket(ctx context.Context) (jetstream.KeyValue, error) {
-	s.bindMu.Lock()
-	defer s.bindMu.Unlock()
-	if s.kv != nil {
-		return s.kv, nil
-	}
-	if s.js == nil {
-		return nil, fmt.Errorf("state %s has no bucket", strings.TrimSuffix(s.prefix, "."))
-	}
-	kv, err := s.js.KeyValue(ctx, CheckpointBucket)
-	if err != nil {
-		return nil, fmt.Errorf("the checkpoint bucket %s: %w (a worker creates it when it runs; steward setup creates it for all)", CheckpointBucket, err)
-	}
-	s.kv = kv
-	return kv, nil
-}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"net/http"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -17,9 +18,14 @@ import (
 // and credential.rotated; nil until `--signing-key` exists, and the
 // console then says those types cannot be published from it.
 func mountConsole(mux *http.ServeMux, g *globals, js jetstream.JetStream, token string, signer console.Signer) error {
+	docs, err := g.documents(context.Background(), js)
+	if err != nil {
+		return err
+	}
 	c, err := console.New(console.Config{
 		Token:     token,
 		JS:        js,
+		Docs:      docs,
 		Publisher: publisher.New(js, publisher.WithSource(console.Source)),
 		Signer:    signer,
 		Log:       g.log.With().Str("component", "console").Logger(),

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/steward-dev/steward/internal/atomicfile"
 	"github.com/steward-dev/steward/internal/natsauth"
+	"github.com/steward-dev/steward/internal/proof"
 )
 
 func newCredsCmd(_ *globals) *cobra.Command {
@@ -76,12 +78,17 @@ must not see the seeds. The server is configured with
 
 func newCredsIssueCmd() *cobra.Command {
 	var seedFile, account, out string
+	var newKey bool
 	cmd := &cobra.Command{
 		Use:   "issue operator | publisher | <worker> <instance>",
 		Short: "Write a .creds file for the operator, a publisher or one worker instance",
 		Long: `Write NATS credentials (a user JWT signed with the account signing key, and the
 user's own nkey seed) scoped to one identity, to --out (0600, atomically; a file
-there is replaced). The server needs no change: it trusts the account, and the
+there is replaced), and the identity's document key beside it (<name>.dockey,
+0600; an existing one is kept). Everything the identity stores (checkpoints,
+stages, cursors, pauses, status, outcomes) is signed with the document key, and
+the JWT certifies it (tags steward-dockey, steward-role, steward-worker,
+steward-instance), so readers believe only the writer they expect. The server needs no change: it trusts the account, and the
 account trusts its signing key.
 
   steward creds issue converge install-7 --account-seed nats-auth/signing.nk --out converge-install-7.creds
@@ -106,25 +113,36 @@ from the credentials.`,
 			if err != nil {
 				return err
 			}
-			creds, err := natsauth.IssueCreds(seed, acct, id)
-			if err != nil {
-				return fmt.Errorf("--account-seed %s: %w", seedFile, err)
-			}
 			if out == "" {
 				out = id.Name() + ".creds"
+			}
+			keyPath := proof.KeyFileFor(out)
+			if newKey {
+				if err := os.Remove(keyPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					return fmt.Errorf("--new-document-key: %w", err)
+				}
+			}
+			docKey, err := natsauth.DocumentKey(keyPath)
+			if err != nil {
+				return err
+			}
+			creds, err := natsauth.IssueCreds(seed, acct, id, docKey.Public().(ed25519.PublicKey))
+			if err != nil {
+				return fmt.Errorf("--account-seed %s: %w", seedFile, err)
 			}
 			if err := atomicfile.Write(out, creds, 0o600); err != nil {
 				return fmt.Errorf("--out: %w", err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "credentials of %s (%s) written to %s (0600); use them with STEWARD_NATS_CREDS=%s or nats --creds %s\n",
-				id.Name(), id.Role, out, out, out)
+			fmt.Fprintf(cmd.OutOrStdout(), "credentials of %s (%s) written to %s (0600), its document key to %s (0600, kept beside them); use them with STEWARD_NATS_CREDS=%s or nats --creds %s\n",
+				id.Name(), id.Role, out, keyPath, out, out)
 			return nil
 		},
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&seedFile, "account-seed", "", "seed file of the account's signing key (or of the account itself)")
 	fs.StringVar(&account, "account", "", "the account's public key, or a file holding it (empty: account.pub beside --account-seed, else the seed is the account's own)")
-	fs.StringVar(&out, "out", "", "where to write the credentials (empty: <name>.creds here)")
+	fs.StringVar(&out, "out", "", "where to write the credentials (empty: <name>.creds here); the document key goes beside them as <name>.dockey")
+	fs.BoolVar(&newKey, "new-document-key", false, "replace the document key beside --out (after a compromise: documents signed by the old key stop verifying and fall back, docs/design.md §7)")
 	return cmd
 }
 

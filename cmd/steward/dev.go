@@ -163,6 +163,9 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, o 
 	if err := workers.SetupBus(ctx, js, workers.DefaultBusConfig(g.replicas)); err != nil {
 		return err
 	}
+	if _, err := recordUpgrade(ctx, opG, js); err != nil {
+		return err
+	}
 	fmt.Fprintf(out, "streams: %s, %s, %s; bucket %s (made by dev as the operator; workers may not)\n", events.StreamEvents, events.StreamOutcomes, events.StreamDLQ, workers.CheckpointBucket)
 
 	token, err := devToken(filepath.Join(dir, tokenFile))
@@ -208,7 +211,7 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, o 
 	}
 	// The console reads what operators read, so it uses the operator's
 	// connection; the ingress stays a publisher.
-	if err := mountConsole(mux, g, js, token, consoleSigner(signer)); err != nil {
+	if err := mountConsole(mux, opG, js, token, consoleSigner(signer)); err != nil {
 		return err
 	}
 	bound, stopHTTP, err := serveHTTP(ctx, g.log, o.httpListen, mux)
@@ -321,11 +324,16 @@ func (c devCreds) startWorker(ctx context.Context, g *globals, rf *runtimeFlags,
 	if err != nil {
 		return nil, nil, err
 	}
-	nc, js, err := g.as(path).connect(ctx, "steward dev "+id.Name(), false)
+	gw := g.as(path)
+	nc, js, err := gw.connect(ctx, "steward dev "+id.Name(), false)
 	if err != nil {
 		return nil, nil, err
 	}
-	w, err := workers.New(ctx, js, spec, h, rf.options(g, reg)...)
+	signer, verifier, err := gw.documentKeys(id.Name())
+	if err != nil {
+		return nc, nil, err
+	}
+	w, err := workers.New(ctx, js, spec, h, append(rf.options(g, reg), workers.WithDocumentKeys(signer, verifier))...)
 	if err != nil {
 		return nc, nil, err
 	}

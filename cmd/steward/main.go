@@ -52,10 +52,15 @@ type globals struct {
 	// natsInbox is the reply subjects' prefix; empty: the one the
 	// credentials allow (natsauth.CredsInboxPrefix), else _INBOX.
 	natsInbox string
-	replicas  int
-	httpAddr  string
-	logLevel  string
-	logFormat string
+	// documentKey signs what this process stores, documentTrust pins the
+	// keys of writers without a JWT, jsDomain is the JetStream domain
+	// (docs/design.md §7).
+	documentKey, documentTrust string
+	jsDomain                   string
+	replicas                   int
+	httpAddr                   string
+	logLevel                   string
+	logFormat                  string
 
 	log zerolog.Logger
 	// stopTracing flushes and stops the tracer the OTEL_* environment
@@ -105,11 +110,14 @@ Every flag has an environment twin, STEWARD_<FLAG> with '-' as '_'
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.natsURL, "nats-url", nats.DefaultURL, "NATS server URL(s), comma-separated")
-	pf.StringVar(&g.natsCreds, "nats-creds", "", "NATS credentials file (user JWT and nkey seed), as `steward creds issue` and `steward dev` write them")
+	pf.StringVar(&g.natsCreds, "nats-creds", "", "NATS credentials file (user JWT and nkey seed), as steward creds issue and steward dev write them")
 	pf.StringVar(&g.natsUser, "nats-user", "", "NATS user name, with --nats-password-file (instead of --nats-creds)")
 	pf.StringVar(&g.natsPasswordFile, "nats-password-file", "", "file holding the NATS password of --nats-user")
 	pf.StringVar(&g.natsNkey, "nats-nkey", "", "NATS nkey seed file (instead of --nats-creds)")
 	pf.StringVar(&g.natsInbox, "nats-inbox-prefix", "", "prefix of reply subjects (empty: the one --nats-creds allows, else _INBOX)")
+	pf.StringVar(&g.documentKey, "document-key", "", "the key this identity signs what it stores with (PEM PKCS#8 ed25519; empty: the .dockey beside --nats-creds, as steward creds issue writes it)")
+	pf.StringVar(&g.documentTrust, "document-trust", "", "document keys of writers without a JWT to believe, as <writer>=<public key PEM> separated by commas (operator=operator.pub)")
+	pf.StringVar(&g.jsDomain, "js-domain", "", "the JetStream domain documents are stored in, which their signatures bind (a site's leaf node)")
 	pf.IntVar(&g.replicas, "replicas", 1, "replicas of the streams and the checkpoint bucket (3 on a three-node cluster)")
 	pf.StringVar(&g.httpAddr, "http-addr", "", "address to serve /metrics, /healthz and /readyz on (empty: none)")
 	pf.StringVar(&g.logLevel, "log-level", "info", "log level: trace, debug, info, warn or error")

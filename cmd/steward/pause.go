@@ -43,7 +43,11 @@ until when. Without --until the pause holds until 'steward resume'.`,
 			return err
 		}
 		defer nc.Close()
-		p, err := ops.Pause(cmd.Context(), js, args[0], args[1], at)
+		docs, err := g.documents(cmd.Context(), js)
+		if err != nil {
+			return err
+		}
+		p, err := ops.Pause(cmd.Context(), js, docs, args[0], args[1], at)
 		if err != nil {
 			return withServerHint(g, err)
 		}
@@ -78,7 +82,11 @@ func newResumeCmd(g *globals) *cobra.Command {
 			return err
 		}
 		defer nc.Close()
-		p, err := ops.Resume(cmd.Context(), js, args[0], args[1])
+		docs, err := g.documents(cmd.Context(), js)
+		if err != nil {
+			return err
+		}
+		p, err := ops.Resume(cmd.Context(), js, docs, args[0], args[1])
 		if err != nil {
 			return withServerHint(g, err)
 		}

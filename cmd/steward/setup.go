@@ -1,8 +1,11 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/steward-dev/steward/events"
@@ -61,6 +64,12 @@ STEWARD_MAX_CONSUMERS).`,
 			}
 			fmt.Fprintf(out, "bucket %s: replicas %d, max bytes %d, max value size %d\n",
 				workers.CheckpointBucket, cfg.Streams.Replicas, cfg.CheckpointMaxBytes, cfg.CheckpointMaxValueSize)
+			u, err := recordUpgrade(ctx, g, js)
+			if err != nil {
+				return fmt.Errorf("steward setup: %w", err)
+			}
+			fmt.Fprintf(out, "upgrade record: unsigned documents at or below bucket sequence %d (recorded %s) are the previous version's, read once and signed again; any later one is forged\n",
+				u.Sequence, u.At.Format(time.RFC3339))
 			return nil
 		},
 	}
@@ -75,4 +84,17 @@ STEWARD_MAX_CONSUMERS).`,
 	fs.Int64Var(&cfg.CheckpointMaxBytes, "checkpoint-max-bytes", workers.DefaultCheckpointMaxBytes, "bytes the checkpoint bucket may hold")
 	fs.IntVar(&cpValueBytes, "checkpoint-max-value-size", workers.DefaultCheckpointMaxValueSize, "the largest checkpoint (with the stage a handler saved), in bytes")
 	return cmd
+}
+
+// recordUpgrade writes the bucket's upgrade record as the operator
+// (events.Store.RecordUpgrade), once.
+func recordUpgrade(ctx context.Context, g *globals, js jetstream.JetStream) (events.Upgrade, error) {
+	docs, err := g.documents(ctx, js)
+	if err != nil {
+		return events.Upgrade{}, err
+	}
+	if docs == nil {
+		return events.Upgrade{}, fmt.Errorf("the bucket %s was not found after setting it up", events.CheckpointBucket)
+	}
+	return docs.RecordUpgrade(ctx)
 }

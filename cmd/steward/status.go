@@ -50,6 +50,9 @@ instance listed for its oldest pending event.`,
 			return err
 		}
 		defer nc.Close()
+		if o.Docs, err = g.documents(cmd.Context(), js); err != nil {
+			return err
+		}
 		st, err := ops.GetStatus(cmd.Context(), js, o)
 		if err != nil {
 			return withServerHint(g, err)
@@ -119,10 +122,23 @@ func printStatus(w io.Writer, st *ops.Status) error {
 	if st.More > 0 {
 		t.line("... and %d more instances (they are no worse than those above): narrow with --worker or --instance, or raise --limit", st.More)
 	}
-	var retrying, waiting bool
+	var retrying, waiting, forged bool
 	for _, in := range st.Instances {
 		retrying = retrying || len(in.Retrying) > 0
 		waiting = waiting || len(in.Waiting) > 0
+		forged = forged || len(in.Forgeries) > 0
+	}
+	if forged {
+		// A forged document names an identity that writes where it may
+		// not: docs/design.md §7 says what to do next.
+		t.line("")
+		t.row("FORGED IN", "KIND", "KEY", "REVISION", "REFLECTED FROM", "WHY NOT BELIEVED")
+		for _, in := range st.Instances {
+			for _, f := range in.Forgeries {
+				t.row(in.Name, string(f.Kind), f.Key, f.Revision, cell(f.ReflectedFrom), f.Reason)
+			}
+		}
+		t.line("(each was not believed and fell back safely; revoke the credentials of the identity that wrote it, docs/design.md §7)")
 	}
 	if retrying {
 		t.line("")

@@ -111,9 +111,15 @@ func runWorker(ctx context.Context, g *globals, rf *runtimeFlags, name string, h
 	}
 	defer nc.Close()
 	reg := newRegistry()
+	spec := h.Spec()
+	signer, verifier, err := g.documentKeys(spec.Name + "-" + spec.Instance)
+	if err != nil {
+		return fmt.Errorf("%s worker: %w", name, err)
+	}
+	opts := append(rf.options(g, reg), workers.WithDocumentKeys(signer, verifier), workers.WithDomain(g.jsDomain))
 	var w *workers.Runtime
 	err = g.retry(ctx, name+" worker: streams or consumer not ready yet", func() error {
-		w, err = workers.New(ctx, js, h.Spec(), h, rf.options(g, reg)...)
+		w, err = workers.New(ctx, js, spec, h, opts...)
 		if errors.Is(err, workers.ErrInvalidSpec) {
 			return backoff.Permanent(err)
 		}

@@ -395,7 +395,7 @@ func TestBrowserOverviewShowsPaused(t *testing.T) {
 	if err != nil || len(st.Instances) != 1 || st.Instances[0].State != ops.StatePaused {
 		t.Fatalf("ops.GetStatus disagrees with the page: %+v, %v", st, err)
 	}
-	if _, err := ops.Resume(context.Background(), r.js, credential.Name, testHive); err != nil {
+	if _, err := ops.Resume(context.Background(), r.js, nil, credential.Name, testHive); err != nil {
 		t.Fatal(err)
 	}
 	run(t, ctx, "the live refresh shows it resumed",

@@ -80,6 +80,11 @@ type Config struct {
 	// JS is the operator's connection: the pages read status and history
 	// through it, and pause and resume act through it. Required.
 	JS jetstream.JetStream
+	// Docs reads and writes the checkpoint bucket as the operator: status
+	// documents and checkpoints are verified as their instances', a pause
+	// is signed as the operator's (docs/design.md §7). Nil shows documents
+	// unverified and cannot pause a stream reader.
+	Docs *events.Store
 	// Publisher publishes what the publish form sends (the ingress's and
 	// `steward publish`'s code). Required.
 	Publisher *publisher.Publisher

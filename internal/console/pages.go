@@ -167,7 +167,7 @@ type overviewData struct {
 
 func (c *Console) overviewData(r *http.Request) overviewData {
 	worker := r.URL.Query().Get("worker")
-	st, err := ops.GetStatus(r.Context(), c.cfg.JS, ops.StatusOptions{Worker: worker, Limit: 200})
+	st, err := ops.GetStatus(r.Context(), c.cfg.JS, ops.StatusOptions{Worker: worker, Limit: 200, Docs: c.cfg.Docs})
 	d := overviewData{Status: st, Worker: worker}
 	if err != nil {
 		d.Error = err.Error()
@@ -190,7 +190,7 @@ func (c *Console) pause(w http.ResponseWriter, r *http.Request, _ *session) {
 	var err error
 	var what string
 	if r.PostFormValue("action") == "resume" {
-		_, err = ops.Resume(r.Context(), c.cfg.JS, worker, instance)
+		_, err = ops.Resume(r.Context(), c.cfg.JS, c.cfg.Docs, worker, instance)
 		what = "resumed"
 	} else {
 		d, perr := time.ParseDuration(r.PostFormValue("for"))
@@ -198,7 +198,7 @@ func (c *Console) pause(w http.ResponseWriter, r *http.Request, _ *session) {
 			c.fail(w, r, http.StatusBadRequest, "pause for how long? give a duration such as 15m or 1h")
 			return
 		}
-		_, err = ops.Pause(r.Context(), c.cfg.JS, worker, instance, c.cfg.Now().Add(d))
+		_, err = ops.Pause(r.Context(), c.cfg.JS, c.cfg.Docs, worker, instance, c.cfg.Now().Add(d))
 		what = "paused for " + d.String()
 	}
 	if err != nil {
@@ -232,7 +232,7 @@ func (c *Console) keyData(r *http.Request) keyData {
 		return d
 	}
 	d.History = h
-	if d.Checkpoints, err = ops.GetCheckpoints(r.Context(), c.cfg.JS, d.Worker, d.Key, d.Instance); err != nil {
+	if d.Checkpoints, err = ops.GetCheckpoints(r.Context(), c.cfg.JS, c.cfg.Docs, d.Worker, d.Key, d.Instance); err != nil {
 		d.Error = err.Error()
 	}
 	if d.Follow != "" {

@@ -1,6 +1,8 @@
 package natsauth
 
 import (
+	"crypto/ed25519"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -13,6 +15,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/steward-dev/steward/internal/atomicfile"
+	"github.com/steward-dev/steward/internal/proof"
 )
 
 // The files of an authority's folder. The seeds are secrets (0600); the
@@ -207,21 +210,28 @@ func (a *Authority) Configure(o *server.Options) error {
 	return nil
 }
 
-// Issue makes the credentials of id, signed with the account signing key.
-func (a *Authority) Issue(id Identity) ([]byte, error) {
+// Issue makes the credentials of id, signed with the account signing key,
+// certifying docKey as id's document key (internal/proof).
+func (a *Authority) Issue(id Identity, docKey ed25519.PublicKey) ([]byte, error) {
 	seed, err := a.signing.Seed()
 	if err != nil {
 		return nil, err
 	}
-	return IssueCreds(seed, a.AccountPublic, id)
+	return IssueCreds(seed, a.AccountPublic, id, docKey)
 }
 
 // IssueCreds makes a NATS credentials file (the user JWT and its nkey
 // seed) for id, signed by the account key whose seed is signingSeed:
 // the account's own key, or one of its signing keys, in which case
 // account is the account's public key ("" when the seed is the account's
-// own). Each call makes a new user key.
-func IssueCreds(signingSeed []byte, account string, id Identity) ([]byte, error) {
+// own). Each call makes a new user key. The JWT certifies docKey as the
+// identity's document key: tags name the key, the role, the worker and the
+// instance, so any reader that trusts the account knows whose documents
+// the key signs (internal/proof).
+func IssueCreds(signingSeed []byte, account string, id Identity, docKey ed25519.PublicKey) ([]byte, error) {
+	if len(docKey) != ed25519.PublicKeySize {
+		return nil, errors.New("no document key to certify: every identity signs what it stores (steward creds issue makes one)")
+	}
 	signer, err := nkeys.ParseDecoratedNKey(signingSeed)
 	if err != nil {
 		return nil, errors.New("the account seed is not an nkey seed")
@@ -253,7 +263,10 @@ func IssueCreds(signingSeed []byte, account string, id Identity) ([]byte, error)
 	if account != "" && account != signerPub {
 		uc.IssuerAccount = account
 	}
-	uc.Tags.Add("steward-role:" + string(id.Role))
+	uc.Tags.Add(proof.TagRole+string(id.Role), proof.TagKey+hex.EncodeToString(docKey))
+	if id.Role == RoleWorker {
+		uc.Tags.Add(proof.TagWorker+id.Worker, proof.TagInstance+id.Instance)
+	}
 	p := id.Permissions()
 	uc.Pub.Allow.Add(p.Publish...)
 	uc.Sub.Allow.Add(p.Subscribe...)
@@ -268,9 +281,15 @@ func IssueCreds(signingSeed []byte, account string, id Identity) ([]byte, error)
 	return jwt.FormatUserConfig(token, userSeed)
 }
 
-// WriteCreds issues id's credentials into path, 0600, atomically.
+// WriteCreds issues id's credentials into path, 0600, atomically, with
+// the document key beside them (proof.KeyFileFor): kept when it exists, so
+// documents signed before stay verifiable, made when it does not.
 func (a *Authority) WriteCreds(path string, id Identity) error {
-	creds, err := a.Issue(id)
+	key, err := DocumentKey(proof.KeyFileFor(path))
+	if err != nil {
+		return err
+	}
+	creds, err := a.Issue(id, key.Public().(ed25519.PublicKey))
 	if err != nil {
 		return err
 	}
@@ -278,6 +297,14 @@ func (a *Authority) WriteCreds(path string, id Identity) error {
 		return fmt.Errorf("credentials of %s: %w", id.Name(), err)
 	}
 	return nil
+}
+
+// DocumentKey reads the document key at path, or makes one there.
+func DocumentKey(path string) (ed25519.PrivateKey, error) {
+	if _, err := os.Stat(path); err == nil {
+		return proof.LoadKey(path)
+	}
+	return proof.GenerateKey(path)
 }
 
 // CredsInboxPrefix is the inbox prefix a connection with these

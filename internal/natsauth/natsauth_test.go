@@ -2,6 +2,7 @@ package natsauth_test
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"os"
 	"path/filepath"
@@ -361,7 +362,7 @@ func TestAuthIssueWithSigningKey(t *testing.T) {
 	}
 	acct, _ := os.ReadFile(filepath.Join(auth, natsauth.AccountPubFile))
 	id, _ := natsauth.Worker("join", "box-9")
-	creds, err := natsauth.IssueCreds(seed, string(acct), id)
+	creds, err := natsauth.IssueCreds(seed, string(acct), id, testDocKey(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -382,7 +383,7 @@ func TestAuthIssueWithSigningKey(t *testing.T) {
 	nc.Close()
 	// Without the account, the signing key would be taken for the account
 	// itself, which the server does not know: refused.
-	bad, err := natsauth.IssueCreds(seed, "", id)
+	bad, err := natsauth.IssueCreds(seed, "", id, testDocKey(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -405,7 +406,17 @@ func TestAuthIssueWithSigningKey(t *testing.T) {
 	if fi, _ := os.Stat(filepath.Join(auth, natsauth.SigningSeedFile)); fi.Mode().Perm() != 0o600 {
 		t.Fatalf("signing seed mode %v", fi.Mode().Perm())
 	}
-	if _, err := natsauth.IssueCreds([]byte("not a seed"), "", id); err == nil || strings.Contains(err.Error(), "not a seed") {
+	if _, err := natsauth.IssueCreds([]byte("not a seed"), "", id, testDocKey(t)); err == nil || strings.Contains(err.Error(), "not a seed") {
 		t.Fatalf("a bad seed: %v (and the error must not quote it)", err)
 	}
+}
+
+// testDocKey is a fresh document key's public half.
+func testDocKey(t *testing.T) ed25519.PublicKey {
+	t.Helper()
+	pub, _, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pub
 }

@@ -18,9 +18,8 @@ import (
 )
 
 // CheckpointBucket is the KV bucket the runtime keeps checkpoints, stages
-// and status documents in (workers.CheckpointBucket; a test keeps the two
-// equal, without natsauth importing the runtime).
-const CheckpointBucket = "STEWARD_CHECKPOINTS"
+// and status documents in (events.CheckpointBucket).
+const CheckpointBucket = events.CheckpointBucket
 
 // Role is what an identity is for.
 type Role string
@@ -150,11 +149,7 @@ func workerPublish(worker, instance string) []string {
 	// key in its subject (the bucket allows direct gets, as nats.go makes
 	// buckets). The non-direct read, STREAM.MSG.GET on the bucket, would
 	// name no key, so it is not granted.
-	for _, key := range []string{
-		"cp." + worker + "." + instance + ".>",
-		"st." + worker + "." + instance + ".>",
-		"rt." + worker + "." + instance,
-	} {
+	for _, key := range events.InstanceKeys(worker, instance) {
 		out = append(out, kv+key, direct+key)
 	}
 	return append(out, events.OutcomeSubject(worker, instance), events.DLQSubject(worker, instance))

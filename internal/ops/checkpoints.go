@@ -3,7 +3,6 @@ package ops
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -13,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
-	"github.com/steward-dev/steward/workers"
 )
 
 // Checkpoint is what a worker instance's runtime keeps for one key in
@@ -40,23 +38,22 @@ type Checkpoint struct {
 	// Revision and Updated are the bucket entry's.
 	Revision uint64    `json:"revision"`
 	Updated  time.Time `json:"updated"`
-	// Error says the entry is not a checkpoint the runtime can read.
+	// Error says the entry is not a checkpoint the runtime can read, or
+	// does not verify as the instance's (then the runtime does not believe
+	// it either: it reads the key's events again).
 	Error string `json:"error,omitempty"`
-}
-
-// storedCheckpoint is the runtime's stored format (workers/checkpoint.go).
-type storedCheckpoint struct {
-	Applied  uint64          `json:"applied"`
-	EventID  string          `json:"eventId"`
-	StageSeq uint64          `json:"stageSeq"`
-	Stage    json.RawMessage `json:"stage"`
+	// Forged says it did not verify.
+	Forged bool `json:"forged,omitempty"`
 }
 
 // GetCheckpoints reads the checkpoints of one key of a worker, one per
 // instance and kind of event the worker consumes (only instance's when
 // instance is set), from one watch of the bucket. A bucket that does not
 // exist yet holds none.
-func GetCheckpoints(ctx context.Context, js jetstream.JetStream, worker, key, instance string) ([]Checkpoint, error) {
+//
+// docs verifies each checkpoint as its instance's; nil reads them without
+// keys (shown, not verified).
+func GetCheckpoints(ctx context.Context, js jetstream.JetStream, docs *events.Store, worker, key, instance string) ([]Checkpoint, error) {
 	if err := events.CheckKey(worker); err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
@@ -70,21 +67,24 @@ func GetCheckpoints(ctx context.Context, js jetstream.JetStream, worker, key, in
 		}
 		inst = instance
 	}
-	kv, err := js.KeyValue(ctx, workers.CheckpointBucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return []Checkpoint{}, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("open bucket %s on %s: %w", workers.CheckpointBucket, ServerURL(js), err)
+	if docs == nil {
+		kv, err := js.KeyValue(ctx, events.CheckpointBucket)
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			return []Checkpoint{}, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("open bucket %s on %s: %w", events.CheckpointBucket, ServerURL(js), err)
+		}
+		docs = events.NewStore(kv, events.StoreOptions{})
 	}
 	types := WorkerTypes(worker)
 	var filters []string
 	for _, t := range types {
-		filters = append(filters, workers.CheckpointKey(worker, inst, t, key))
+		filters = append(filters, events.CheckpointKey(worker, inst, t, key))
 	}
-	w, err := kv.WatchFiltered(ctx, filters, jetstream.IgnoreDeletes())
+	w, err := docs.KV().WatchFiltered(ctx, filters, jetstream.IgnoreDeletes())
 	if err != nil {
-		return nil, fmt.Errorf("read the checkpoints of %s in %s: %w", key, workers.CheckpointBucket, err)
+		return nil, fmt.Errorf("read the checkpoints of %s in %s: %w", key, events.CheckpointBucket, err)
 	}
 	defer func() { _ = w.Stop() }()
 	out := []Checkpoint{}
@@ -92,7 +92,7 @@ func GetCheckpoints(ctx context.Context, js jetstream.JetStream, worker, key, in
 		var e jetstream.KeyValueEntry
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("read the checkpoints of %s in %s: %w", key, workers.CheckpointBucket, ctx.Err())
+			return nil, fmt.Errorf("read the checkpoints of %s in %s: %w", key, events.CheckpointBucket, ctx.Err())
 		case e = <-w.Updates():
 		}
 		if e == nil {
@@ -104,13 +104,17 @@ func GetCheckpoints(ctx context.Context, js jetstream.JetStream, worker, key, in
 		}
 		cp := Checkpoint{Instance: parts[2], Key: key, BucketKey: e.Key(), Revision: e.Revision(), Updated: e.Created().UTC()}
 		for _, t := range types {
-			if workers.CheckpointKey(worker, cp.Instance, t, key) == e.Key() {
+			if events.CheckpointKey(worker, cp.Instance, t, key) == e.Key() {
 				cp.Type = t
 			}
 		}
-		var s storedCheckpoint
-		if err := json.Unmarshal(e.Value(), &s); err != nil {
-			cp.Error = fmt.Sprintf("not a checkpoint the runtime can read (%v): the runtime fails on this key until the entry is fixed or deleted (nats kv del %s %s)", err, workers.CheckpointBucket, e.Key())
+		var s events.Checkpoint
+		d := docs.Open(ctx, e)
+		if d.Forgery != nil {
+			cp.Forged = true
+			cp.Error = Elide(fmt.Sprintf("does not verify (%s): the runtime does not believe it and reads the key's events again; find who wrote it (docs/design.md §7)", d.Forgery.Reason))
+		} else if err := d.Decode(&s); err != nil {
+			cp.Error = fmt.Sprintf("not a checkpoint the runtime can read (%v): the runtime fails on this key until the entry is fixed or deleted (nats kv del %s %s)", err, events.CheckpointBucket, e.Key())
 		} else {
 			cp.Applied, cp.EventID, cp.StageSeq = s.Applied, Printable(s.EventID), s.StageSeq
 			if len(s.Stage) > 0 && string(s.Stage) != "null" {

@@ -19,7 +19,7 @@ import (
 // handler saves a stage holding a password and then fails, and reads the
 // key's checkpoint through ops: the stage is there with the password
 // elided; once the handler succeeds, the checkpoint names the applied
-// sequence and event. It holds ops to the key the runtime writes (workers.CheckpointKey).
+// sequence and event. It holds ops to the key the runtime writes (events.CheckpointKey).
 func TestCheckpointsOfAKeyAsTheRuntimeWroteThem(t *testing.T) {
 	srv := workertest.StartServer(t)
 	js := srv.JetStream(t)
@@ -39,7 +39,7 @@ func TestCheckpointsOfAKeyAsTheRuntimeWroteThem(t *testing.T) {
 	var cps []ops.Checkpoint
 	workertest.WaitUntil(t, "the stage is saved", func() bool {
 		var err error
-		cps, err = ops.GetCheckpoints(ctx, js, "credential", "hive-1", "")
+		cps, err = ops.GetCheckpoints(ctx, js, nil, "credential", "hive-1", "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -53,16 +53,16 @@ func TestCheckpointsOfAKeyAsTheRuntimeWroteThem(t *testing.T) {
 	fixed.Store(true)
 	workertest.WaitIdle(t, js, w.ConsumerName())
 	workertest.WaitUntil(t, "the checkpoint names the applied event", func() bool {
-		cps, _ = ops.GetCheckpoints(ctx, js, "credential", "hive-1", "hive-1")
+		cps, _ = ops.GetCheckpoints(ctx, js, nil, "credential", "hive-1", "hive-1")
 		return len(cps) == 1 && cps[0].Applied == ack.Sequence
 	})
 	if cps[0].EventID != ack.ID {
 		t.Fatalf("checkpoint after applying: %+v, want event %s", cps[0], ack.ID)
 	}
-	if other, err := ops.GetCheckpoints(ctx, js, "credential", "hive-1", "hive-2"); err != nil || len(other) != 0 {
+	if other, err := ops.GetCheckpoints(ctx, js, nil, "credential", "hive-1", "hive-2"); err != nil || len(other) != 0 {
 		t.Fatalf("another instance's checkpoints: %+v, %v", other, err)
 	}
-	if k := workers.CheckpointKey("converge", "prod", events.TypeReleasePublished, "1.2.3+build"); !strings.HasPrefix(k, "cp.converge.prod.release-published._") || strings.ContainsAny(k, "+") {
+	if k := events.CheckpointKey("converge", "prod", events.TypeReleasePublished, "1.2.3+build"); !strings.HasPrefix(k, "cp.converge.prod.release-published._") || strings.ContainsAny(k, "+") {
 		t.Fatalf("the checkpoint key of a version: %s", k)
 	}
 }

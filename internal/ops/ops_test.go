@@ -140,8 +140,8 @@ func TestStatusAtFleetSize(t *testing.T) {
 		t.Fatal(err)
 	}
 	doc, _ := json.Marshal(workers.Status{Worker: "credential", Instance: "h07", Process: "host-1", UpdatedAt: time.Now(),
-		Retrying: []workers.RetryingKey{}, Waiting: []workers.WaitingKey{{Key: "h07", EventID: "rot-h07-2", Sequence: 9, Behind: 4, Since: time.Now()}}})
-	if _, err := kv.Put(ctx, workers.StatusKey("credential", "h07"), doc); err != nil {
+		Retrying: []events.RetryingKey{}, Waiting: []events.WaitingKey{{Key: "h07", EventID: "rot-h07-2", Sequence: 9, Behind: 4, Since: time.Now()}}})
+	if _, err := kv.Put(ctx, events.StatusKey("credential", "h07"), doc); err != nil {
 		t.Fatal(err)
 	}
 	letter, _ := events.NewDeadLetter(events.LetterSource{Consumer: "credential-h09", DLQSubject: events.DLQSubject("credential", "h09"),
@@ -211,7 +211,7 @@ func TestPauseStopsDeliveryAndResumeRestartsIt(t *testing.T) {
 		return nil
 	}))
 	until := time.Now().Add(time.Hour)
-	p, err := ops.Pause(ctx, js, "credential", "h1", until)
+	p, err := ops.Pause(ctx, js, nil, "credential", "h1", until)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +226,7 @@ func TestPauseStopsDeliveryAndResumeRestartsIt(t *testing.T) {
 	if n := handled.Load(); n != 0 {
 		t.Fatalf("the handler ran %d times while paused", n)
 	}
-	r, err := ops.Resume(ctx, js, "credential", "h1")
+	r, err := ops.Resume(ctx, js, nil, "credential", "h1")
 	if err != nil || r.Paused {
 		t.Fatalf("resume: %+v, %v", r, err)
 	}
@@ -235,7 +235,7 @@ func TestPauseStopsDeliveryAndResumeRestartsIt(t *testing.T) {
 	if in := instanceOf(t, statusOf(t, js, ops.StatusOptions{}), w.ConsumerName()); in.State != ops.StateOK || in.PausedUntil != nil {
 		t.Fatalf("after resume: %+v", in)
 	}
-	if _, err := ops.Pause(ctx, js, "credential", "nobody", until); err == nil || !strings.Contains(err.Error(), "steward status") {
+	if _, err := ops.Pause(ctx, js, nil, "credential", "nobody", until); err == nil || !strings.Contains(err.Error(), "steward status") {
 		t.Fatalf("pausing a missing instance: %v", err)
 	}
 }

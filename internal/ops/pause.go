@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
-	"github.com/steward-dev/steward/workers"
 )
 
 // Paused is a worker instance's consumer after a Pause or a Resume.
@@ -25,15 +24,16 @@ type Paused struct {
 // Pause stops the server delivering the instance's events until until (or
 // an earlier Resume). The runtime keeps running and pulling; events wait
 // at the server, nothing is lost or redelivered. It needs nats-server 2.11
-// or later.
-func Pause(ctx context.Context, js jetstream.JetStream, worker, instance string, until time.Time) (Paused, error) {
+// or later. A stream reader is paused by a pause document, which docs
+// signs as the operator: an instance believes no other.
+func Pause(ctx context.Context, js jetstream.JetStream, docs *events.Store, worker, instance string, until time.Time) (Paused, error) {
 	if !until.After(time.Now()) {
 		return Paused{}, fmt.Errorf("pause %s until %s: that time has passed; give a time to come", ConsumerName(worker, instance), until.UTC().Format(time.RFC3339))
 	}
 	if reads, err := readsStream(ctx, js, worker, instance); err != nil {
 		return Paused{}, err
 	} else if reads {
-		if err := workers.PauseStream(ctx, js, worker, instance, until); err != nil {
+		if err := pauseStream(ctx, js, docs, worker, instance, until); err != nil {
 			return Paused{}, err
 		}
 		u := until.UTC()
@@ -51,11 +51,11 @@ func Pause(ctx context.Context, js jetstream.JetStream, worker, instance string,
 }
 
 // Resume lets the server deliver the instance's events again at once.
-func Resume(ctx context.Context, js jetstream.JetStream, worker, instance string) (Paused, error) {
+func Resume(ctx context.Context, js jetstream.JetStream, docs *events.Store, worker, instance string) (Paused, error) {
 	if reads, err := readsStream(ctx, js, worker, instance); err != nil {
 		return Paused{}, err
 	} else if reads {
-		if err := workers.ResumeStream(ctx, js, worker, instance); err != nil {
+		if err := resumeStream(ctx, js, docs, worker, instance); err != nil {
 			return Paused{}, err
 		}
 		return Paused{Consumer: ConsumerName(worker, instance)}, nil
@@ -93,12 +93,41 @@ func readsStream(ctx context.Context, js jetstream.JetStream, worker, instance s
 	if _, err := js.Consumer(ctx, events.StreamEvents, ConsumerName(worker, instance)); err == nil || !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return false, nil
 	}
-	kv, err := js.KeyValue(ctx, workers.CheckpointBucket)
+	kv, err := js.KeyValue(ctx, events.CheckpointBucket)
 	if err != nil {
 		return false, nil
 	}
-	_, err = kv.Get(ctx, workers.CursorKey(worker, instance))
+	_, err = kv.Get(ctx, events.CursorKey(worker, instance))
 	return err == nil, nil
+}
+
+// pauseStream writes the stream reader's pause, signed as the operator, and
+// tells the instance on its control subject, so it stops at once.
+func pauseStream(ctx context.Context, js jetstream.JetStream, docs *events.Store, worker, instance string, until time.Time) error {
+	if docs == nil || docs.Signer() == nil || docs.Signer().By() != events.OperatorWriter {
+		return fmt.Errorf("pause %s: a stream reader believes only a pause the operator signed, and no operator document key was given (it sits beside the operator's credentials as operator.dockey; steward dev and steward creds issue operator make it)", ConsumerName(worker, instance))
+	}
+	if _, err := docs.Set(ctx, events.PauseKey(worker, instance), events.Pause{Until: until.UTC()}); err != nil {
+		return fmt.Errorf("pause %s: %w", ConsumerName(worker, instance), err)
+	}
+	return js.Conn().Publish(events.ControlSubject(worker, instance), nil)
+}
+
+// resumeStream ends a stream reader's pause (see pauseStream). Anyone may
+// delete a pause, which only lets the instance read: the delete needs no
+// signature.
+func resumeStream(ctx context.Context, js jetstream.JetStream, docs *events.Store, worker, instance string) error {
+	if docs == nil {
+		kv, err := js.KeyValue(ctx, events.CheckpointBucket)
+		if err != nil {
+			return fmt.Errorf("resume %s: the checkpoint bucket: %w", ConsumerName(worker, instance), err)
+		}
+		docs = events.NewStore(kv, events.StoreOptions{})
+	}
+	if err := docs.Delete(ctx, events.PauseKey(worker, instance)); err != nil {
+		return fmt.Errorf("resume %s: %w", ConsumerName(worker, instance), err)
+	}
+	return js.Conn().Publish(events.ControlSubject(worker, instance), nil)
 }
 
 // pausable checks the server can pause consumers and that the instance's

@@ -3,7 +3,6 @@ package ops
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -13,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
-	"github.com/steward-dev/steward/workers"
 )
 
 // DefaultLimit is how many instances a Status shows when the caller sets
@@ -73,6 +71,10 @@ type StatusOptions struct {
 	Limit int
 	// Now is the time ages are measured from (zero: time.Now()).
 	Now time.Time
+	// Docs reads the checkpoint bucket, verifying each status document
+	// as its instance's (docs/design.md §7). Nil opens the bucket without
+	// keys: documents are shown marked as not verified.
+	Docs *events.Store
 }
 
 // Status is what `steward status` reports: the streams, and every worker
@@ -138,8 +140,20 @@ type Instance struct {
 	PausedUntil *time.Time `json:"pausedUntil,omitempty"`
 	DeadLetters uint64     `json:"deadLetters"`
 	// Retrying and Waiting are the status document's keys, errors elided.
-	Retrying []workers.RetryingKey `json:"retrying"`
-	Waiting  []workers.WaitingKey  `json:"waiting"`
+	Retrying []events.RetryingKey `json:"retrying"`
+	Waiting  []events.WaitingKey  `json:"waiting"`
+	// Forged counts, by kind, the documents of the instance's that did
+	// not verify, as the instance reported them; Forgeries are the latest,
+	// each with its key and, where the stored message says, the key it
+	// was reflected from (which names the identity that did it).
+	Forged    map[events.DocKind]uint64 `json:"forged,omitempty"`
+	Forgeries []events.Forgery          `json:"forgeries,omitempty"`
+	// StatusForged, when set, says the status document itself did not
+	// verify as the instance's, and why: what it said is not shown.
+	StatusForged string `json:"statusForged,omitempty"`
+	// StatusUnverified says the status document was read without keys to
+	// verify it with.
+	StatusUnverified bool `json:"statusUnverified,omitempty"`
 	// StatusUpdated, Process and Stopped say who wrote the status document
 	// and when; Stopped means that process has shut down since.
 	StatusUpdated *time.Time `json:"statusUpdated,omitempty"`
@@ -193,7 +207,7 @@ func GetStatus(ctx context.Context, js jetstream.JetStream, o StatusOptions) (*S
 			return nil, err
 		}
 	}
-	if err := readStatusDocs(ctx, js, o.Worker, byName); err != nil {
+	if err := readStatusDocs(ctx, js, o.Docs, o.Worker, byName); err != nil {
 		return nil, err
 	}
 	if err := readDLQDepth(ctx, js, byName); err != nil {
@@ -294,7 +308,7 @@ func listInstances(ctx context.Context, s jetstream.Stream, byName map[string]*I
 		in := &Instance{Name: info.Name, Worker: worker, Instance: instance, HasConsumer: true,
 			PullsWaiting: info.NumWaiting, Consuming: info.NumWaiting > 0 || info.PushBound,
 			Pending: info.NumPending, AckPending: info.NumAckPending, Redelivered: info.NumRedelivered,
-			Retrying: []workers.RetryingKey{}, Waiting: []workers.WaitingKey{},
+			Retrying: []events.RetryingKey{}, Waiting: []events.WaitingKey{},
 			filters: info.Config.FilterSubjects, ackSeq: info.AckFloor.Stream}
 		if len(in.filters) == 0 && info.Config.FilterSubject != "" {
 			in.filters = []string{info.Config.FilterSubject}
@@ -326,22 +340,28 @@ func latest(ts ...*time.Time) *time.Time {
 }
 
 // readStatusDocs reads every status document (rt.<worker>.<instance>) with
-// one watch of the bucket's current values.
-func readStatusDocs(ctx context.Context, js jetstream.JetStream, worker string, byName map[string]*Instance) error {
-	kv, err := js.KeyValue(ctx, workers.CheckpointBucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil
+// one watch of the bucket's current values, each verified as its
+// instance's: one that is not is listed as forged, never as fact.
+func readStatusDocs(ctx context.Context, js jetstream.JetStream, docs *events.Store, worker string, byName map[string]*Instance) error {
+	if docs == nil {
+		kv, err := js.KeyValue(ctx, events.CheckpointBucket)
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("open bucket %s: %w", events.CheckpointBucket, err)
+		}
+		docs = events.NewStore(kv, events.StoreOptions{})
 	}
-	if err != nil {
-		return fmt.Errorf("open bucket %s: %w", workers.CheckpointBucket, err)
-	}
-	filter := "rt.>"
+	pauses := events.PauseKey("*", "*")
 	if worker != "" {
-		filter = "rt." + worker + ".*"
+		pauses = events.PauseKey(worker, "*")
 	}
-	w, err := kv.Watch(ctx, filter, jetstream.IgnoreDeletes())
+	// The stream readers' pauses are read in the same watch: a paused
+	// instance is shown, and a forged pause is shown as forged.
+	w, err := docs.KV().WatchFiltered(ctx, []string{events.StatusFilter(worker), pauses}, jetstream.IgnoreDeletes())
 	if err != nil {
-		return fmt.Errorf("read the status documents in %s: %w", workers.CheckpointBucket, err)
+		return fmt.Errorf("read the status documents in %s: %w", events.CheckpointBucket, err)
 	}
 	defer w.Stop()
 	for {
@@ -358,26 +378,48 @@ func readStatusDocs(ctx context.Context, js jetstream.JetStream, worker string, 
 		if entry == nil {
 			return nil // every current value has been read
 		}
-		var doc workers.Status
-		if err := json.Unmarshal(entry.Value(), &doc); err != nil || doc.Worker == "" || doc.Instance == "" {
-			continue // not a status document this version can read
+		d := docs.Open(ctx, entry)
+		if d.Info.Kind != events.KindStatus && d.Info.Kind != events.KindPause {
+			continue
 		}
-		name := ConsumerName(doc.Worker, doc.Instance)
+		name := ConsumerName(d.Info.Worker, d.Info.Instance)
 		in, ok := byName[name]
 		if !ok {
-			in = &Instance{Name: name, Worker: doc.Worker, Instance: doc.Instance}
+			in = &Instance{Name: name, Worker: d.Info.Worker, Instance: d.Info.Instance, Retrying: []events.RetryingKey{}, Waiting: []events.WaitingKey{}}
 			byName[name] = in
 		}
+		if d.Forgery != nil {
+			if d.Info.Kind == events.KindStatus {
+				in.StatusForged = Elide(d.Forgery.Reason)
+			}
+			in.Forgeries = append(in.Forgeries, *d.Forgery)
+			continue
+		}
+		if d.Info.Kind == events.KindPause {
+			var p events.Pause
+			if d.Decode(&p) == nil && p.Until.After(time.Now()) {
+				until := p.Until.UTC()
+				in.PausedUntil = &until
+			}
+			continue
+		}
+		var doc events.Status
+		if err := d.Decode(&doc); err != nil || doc.Worker != d.Info.Worker || doc.Instance != d.Info.Instance {
+			continue // not a status document this version can read
+		}
+		in.StatusUnverified = d.Unverified
 		in.Retrying, in.Waiting = doc.Retrying, doc.Waiting
 		if in.Retrying == nil {
-			in.Retrying = []workers.RetryingKey{}
+			in.Retrying = []events.RetryingKey{}
 		}
 		if in.Waiting == nil {
-			in.Waiting = []workers.WaitingKey{}
+			in.Waiting = []events.WaitingKey{}
 		}
 		for i := range in.Retrying {
 			in.Retrying[i].LastError = Elide(in.Retrying[i].LastError)
 		}
+		in.Forged = doc.Forged
+		in.Forgeries = append(in.Forgeries, doc.Forgeries...)
 		updated := doc.UpdatedAt.UTC()
 		in.StatusUpdated, in.Process, in.Stopped = &updated, doc.Process, doc.Stopped
 	}
@@ -406,7 +448,7 @@ func readDLQDepth(ctx context.Context, js jetstream.JetStream, byName map[string
 			// Letters of an instance that has no consumer any more: still
 			// the operator's to deal with.
 			in = &Instance{Name: name, Worker: worker, Instance: instance,
-				Retrying: []workers.RetryingKey{}, Waiting: []workers.WaitingKey{}}
+				Retrying: []events.RetryingKey{}, Waiting: []events.WaitingKey{}}
 			byName[name] = in
 		}
 		in.DeadLetters += n

@@ -176,7 +176,7 @@ type Running struct {
 // Metrics go to a fresh registry unless an option says otherwise.
 func Start(t testing.TB, js jetstream.JetStream, spec workers.Spec, h workers.Handler, opts ...workers.Option) *Running {
 	t.Helper()
-	opts = append([]workers.Option{workers.WithRegisterer(prometheus.NewRegistry())}, opts...)
+	opts = append([]workers.Option{workers.WithRegisterer(prometheus.NewRegistry()), DocumentKeys(spec.Name, spec.Instance)}, opts...)
 	w, err := workers.New(context.Background(), js, spec, h, opts...)
 	if err != nil {
 		t.Fatalf("worker %s: %v", spec.Name, err)

@@ -1,0 +1,185 @@
+// Package proof is how a stored document proves who wrote it.
+//
+// NATS permissions check the subject a client publishes to, never the reply
+// subject of its request, and JetStream answers a direct get or a publish
+// from inside the account: so any identity that may make a request can
+// have the server store a message it shaped under another instance's key
+// of the checkpoint bucket, or on another instance's outcome subject
+// (docs/design.md §7). Permissions keep identities out of each other's
+// reads; only a signature on what is stored keeps them out of each other's
+// writes.
+//
+// Every document Steward stores carries a Proof: an ed25519 signature by
+// the writer's document key over the bucket, the JetStream domain, the key,
+// a per-key counter, the writer's name and the content. A document copied
+// to another key, bucket or domain, or written by another identity, does
+// not verify. The document key is not the NATS seed: nats.go signs
+// whatever nonce a server sends with the seed, so any server an instance
+// connects to could get the seed's signature over bytes it chose.
+//
+// A reader believes a key when it is pinned (the reader's own, or one in
+// its configuration) or certified: the proof carries the writer's user JWT,
+// signed by an account key the reader trusts, whose tags name the key and
+// the writer. Nothing is trusted on first use.
+package proof
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+)
+
+// Scope is where a document is stored: what its signature binds besides
+// the content, so a document moved anywhere else does not verify.
+type Scope struct {
+	// Bucket is the KV bucket, or the stream for a detached proof.
+	Bucket string
+	// Domain is the JetStream domain ("" for none).
+	Domain string
+	// Key is the KV key, or the NATS subject for a detached proof.
+	Key string
+}
+
+// Proof is the signature a stored document carries, as the last member of
+// its JSON object ("proof") or, for a message, in the Header header.
+type Proof struct {
+	// V is the proof format, 1.
+	V int `json:"v"`
+	// By names the writer: "operator", or a worker instance as
+	// "<worker>-<instance>" (natsauth.Identity.Name).
+	By string `json:"by"`
+	// Key is the writer's document key, ed25519, hex.
+	Key string `json:"key"`
+	// N is the document's counter on its key: one more than the last
+	// document the writer wrote there, so a genuine older document put
+	// back is told from the newest (a reader keeps its high-water mark).
+	N uint64 `json:"n"`
+	// Cert is the writer's NATS user JWT, which certifies Key for By
+	// (empty when the reader is expected to have the key pinned).
+	Cert string `json:"cert,omitempty"`
+	// Sig is the ed25519 signature, base64.
+	Sig string `json:"sig"`
+}
+
+// Header is the NATS header a message's detached proof travels in
+// (outcomes, dead letters, audit events).
+const Header = "Steward-Proof"
+
+// member is how the proof is appended to a document's JSON object.
+var member = []byte(`"proof":`)
+
+// Errors of Open. Each is wrapped with what was found.
+var (
+	// ErrUnsigned: the document carries no proof at all (written by a
+	// version before signatures, or by anyone who can reflect a message
+	// onto the key).
+	ErrUnsigned = errors.New("carries no proof of its writer")
+	// ErrForged: the document carries a proof that does not verify for
+	// this scope, or not by a writer the reader expects.
+	ErrForged = errors.New("does not verify")
+)
+
+// message is what a signature covers. Every part but the content is
+// length-free text with no NUL, so NUL separates them unambiguously.
+func message(s Scope, by string, n uint64, content []byte) []byte {
+	var b bytes.Buffer
+	b.WriteString("steward.proof.v1\x00")
+	b.WriteString(s.Bucket)
+	b.WriteByte(0)
+	b.WriteString(s.Domain)
+	b.WriteByte(0)
+	b.WriteString(s.Key)
+	b.WriteByte(0)
+	b.WriteString(strconv.FormatUint(n, 10))
+	b.WriteByte(0)
+	b.WriteString(by)
+	b.WriteByte(0)
+	b.Write(content)
+	return b.Bytes()
+}
+
+// Seal returns content, a JSON object, with the signer's proof appended as
+// its last member. content must not have a "proof" member of its own.
+func (s *Signer) Seal(scope Scope, n uint64, content []byte) ([]byte, error) {
+	content = bytes.TrimSpace(content)
+	if len(content) < 2 || content[0] != '{' || content[len(content)-1] != '}' {
+		return nil, fmt.Errorf("seal %s: the content is not a JSON object", scope.Key)
+	}
+	p, err := json.Marshal(s.Sign(scope, n, content))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, 0, len(content)+len(p)+12)
+	out = append(out, content[:len(content)-1]...)
+	if !bytes.Equal(bytes.TrimSpace(content[1:len(content)-1]), nil) {
+		out = append(out, ',')
+	}
+	out = append(out, member...)
+	out = append(out, p...)
+	return append(out, '}'), nil
+}
+
+// Sign makes a detached proof of content for scope.
+func (s *Signer) Sign(scope Scope, n uint64, content []byte) Proof {
+	return Proof{
+		V: 1, By: s.by, Key: hex.EncodeToString(s.pub), N: n, Cert: s.cert,
+		Sig: base64.StdEncoding.EncodeToString(ed25519.Sign(s.priv, message(scope, s.by, n, content))),
+	}
+}
+
+// Split separates a stored document into the content its proof signs and
+// the proof. A document with no proof returns itself and ErrUnsigned.
+func Split(raw []byte) (content []byte, p Proof, err error) {
+	raw = bytes.TrimSpace(raw)
+	i := bytes.LastIndex(raw, member)
+	if i < 1 || raw[len(raw)-1] != '}' {
+		return raw, Proof{}, ErrUnsigned
+	}
+	if err := json.Unmarshal(raw[i+len(member):len(raw)-1], &p); err != nil || p.V == 0 {
+		// The proof is the document's last member, written whole: one
+		// that does not decode was not written by Steward.
+		return raw, Proof{}, fmt.Errorf("%w: its proof is not readable", ErrForged)
+	}
+	head := bytes.TrimRight(raw[:i], " \t\r\n")
+	switch {
+	case len(head) > 0 && head[len(head)-1] == ',':
+		head = head[:len(head)-1]
+	case len(head) == 1 && head[0] == '{':
+	default:
+		return raw, Proof{}, fmt.Errorf("%w: its proof is not where a writer puts it", ErrForged)
+	}
+	content = append(append([]byte(nil), head...), '}')
+	return content, p, nil
+}
+
+// Opened is a document whose proof verified.
+type Opened struct {
+	// Content is the JSON the proof signs: decode this, never the raw
+	// document, so nothing outside the signature is read.
+	Content []byte
+	// N is the document's counter on its key.
+	N uint64
+	// By is the writer.
+	By string
+}
+
+// Open verifies a stored document for scope and returns its signed content
+// if one of writers wrote it. A document with no proof returns its raw
+// bytes as Content with an error wrapping ErrUnsigned, so a caller that
+// accepts legacy documents can still read it; any other failure wraps
+// ErrForged and says what did not match.
+func (v *Verifier) Open(scope Scope, raw []byte, writers ...string) (Opened, error) {
+	content, p, err := Split(raw)
+	if err != nil {
+		return Opened{Content: content}, err
+	}
+	if err := v.Verify(scope, p, content, writers...); err != nil {
+		return Opened{}, err
+	}
+	return Opened{Content: content, N: p.N, By: p.By}, nil
+}
