@@ -66,7 +66,6 @@ const DefaultResync = 5 * time.Minute
 // cursorKey is where an instance's cursor is kept (events.CursorKey).
 func (w *Runtime) cursorKey() string { return events.CursorKey(w.spec.Name, w.spec.Instance) }
 
-
 // readPause reads the instance's pause: the time it ends, or the zero
 // time. Only an operator's signature makes a pause: one that does not
 // verify is ignored (and reported by the store), so a forged pause cannot

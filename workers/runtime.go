@@ -159,7 +159,7 @@ func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts
 	ephemeral := documentKeys(&o, spec.Name+"-"+spec.Instance)
 	w := &Runtime{
 		ephemeralKey: ephemeral,
-		js: js, spec: spec, handler: h, o: o,
+		js:           js, spec: spec, handler: h, o: o,
 		lanes:   map[string]*lane{},
 		held:    map[uint64]*held{},
 		cps:     newCPCache(cpCacheSize),
