@@ -42,6 +42,7 @@ import (
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/atomicfile"
 	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/workertest"
 )
 
 // Name is the worker's name: its consumers are fault-<instance>.
@@ -169,6 +170,10 @@ func run() error {
 		workers.WithConcurrency(concurrency),
 		workers.WithMaxDeliver(maxDeliver),
 		workers.WithShutdownGrace(5 * time.Second),
+		// Every process of the instance signs with the same key, so what a
+		// killed process stored verifies for the next one (the test keys
+		// of workertest: derived from the instance's name).
+		workertest.DocumentKeys(Name, instance),
 	}
 	// The server may be mid-restart or electing a leader: keep trying to
 	// set up until told to stop, as a supervised worker would be restarted.
