@@ -9,6 +9,17 @@
 // stages (verified, job-ensured, running, done) so a redelivery after a
 // crash watches the execution it started instead of starting another, and
 // the installed version is recorded only after the ops job succeeded.
+//
+// The checkpoint bucket is writable by others (docs/design.md §7), so
+// nothing in it moves the install on its own say: a stage's signed
+// evidence is verified again, and what it says of an execution is checked
+// with the runner (the execution exists in this install's job, was started
+// for this event, ran exactly the signed image; its result is the
+// runner's). Executions are labelled with their event and found by it
+// before anything starts. The installed version is believed from a
+// document only as far as its signed evidence verifies (or as the seed
+// equal to --installed-version); otherwise it is rebuilt from the runner's
+// newest succeeded execution, or the worker holds and names the re-seed.
 package converge
 
 import (
