@@ -79,7 +79,10 @@ type execution struct {
 	// version it was started for, as Steward labelled it.
 	EventID string
 	Version string
-	Created time.Time
+	// EventLabel is its steward-event label; it stands for EventID only
+	// where the annotation is missing (see forEvent).
+	EventLabel string
+	Created    time.Time
 	// Done is set once it ended; Result is then how.
 	Done   bool
 	Result result
@@ -408,11 +411,11 @@ func (c *cloudRun) execution(e *runpb.Execution) (execution, bool) {
 		return execution{}, false
 	}
 	a := e.GetAnnotations()
-	x := execution{Name: e.GetName(), EventID: a[AnnotationEvent], Version: a[AnnotationVersion], Created: e.GetCreateTime().AsTime()}
+	x := execution{Name: e.GetName(), EventID: a[AnnotationEvent], Version: a[AnnotationVersion], EventLabel: l[LabelEvent], Created: e.GetCreateTime().AsTime()}
 	// A label that disagrees with its annotation was not written by
 	// Steward's template, so neither is believed.
-	if l[LabelEvent] != labelValue(x.EventID) {
-		x.EventID = ""
+	if x.EventID != "" && l[LabelEvent] != labelValue(x.EventID) {
+		x.EventID, x.EventLabel = "", ""
 	}
 	if l[LabelVersion] != labelValue(x.Version) {
 		x.Version = ""
@@ -422,6 +425,16 @@ func (c *cloudRun) execution(e *runpb.Execution) (execution, bool) {
 	}
 	x.Result, x.Done = executionResult(e)
 	return x, true
+}
+
+// forEvent says whether x was started for the event id: by its exact
+// annotation, or, on an execution that carries no annotation at all (should
+// Cloud Run not copy the template's annotations onto it), by its label.
+func (x execution) forEvent(id string) bool {
+	if x.EventID != "" {
+		return x.EventID == id
+	}
+	return x.EventLabel != "" && x.EventLabel == labelValue(id)
 }
 
 // list returns the Steward executions of this install's job, newest
@@ -454,7 +467,7 @@ func (c *cloudRun) find(ctx context.Context, rel release) (execution, bool, erro
 		return execution{}, false, err
 	}
 	for _, x := range all {
-		if x.EventID == rel.EventID {
+		if x.forEvent(rel.EventID) {
 			return x, true, nil
 		}
 	}

@@ -298,7 +298,7 @@ func (w *Worker) confirm(ctx context.Context, d *workers.Delivery, st *stage) (b
 	switch {
 	case !found:
 		why = fmt.Sprintf("names execution %q, which the runner does not have for install %s", st.Execution, w.cfg.Install)
-	case x.EventID != d.Event.ID():
+	case !x.forEvent(d.Event.ID()):
 		why = fmt.Sprintf("names execution %s, which the runner started for event %q, not for this one", x.Name, x.EventID)
 	case x.Image != st.Image:
 		why = fmt.Sprintf("names execution %s, which ran image %q, not release %s's signed %q", x.Name, x.Image, st.Version, st.Image)

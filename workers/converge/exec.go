@@ -244,7 +244,7 @@ func unknown(name string) result {
 func (e *execRunner) find(_ context.Context, rel release) (execution, bool, error) {
 	e.mu.Lock()
 	for _, p := range e.procs {
-		if p.x.EventID == rel.EventID {
+		if p.x.forEvent(rel.EventID) {
 			x := p.x
 			e.mu.Unlock()
 			return x, true, nil
@@ -259,7 +259,7 @@ func (e *execRunner) find(_ context.Context, rel release) (execution, bool, erro
 		return execution{}, false, err
 	}
 	for _, r := range recs {
-		if r.EventID == rel.EventID {
+		if r.execution().forEvent(rel.EventID) {
 			return e.settled(r), true, nil
 		}
 	}
