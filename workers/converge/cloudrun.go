@@ -13,6 +13,7 @@ import (
 	run "cloud.google.com/go/run/apiv2"
 	"cloud.google.com/go/run/apiv2/runpb"
 	gax "github.com/googleapis/gax-go/v2"
+	"google.golang.org/api/iterator"
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -37,6 +38,20 @@ const (
 	LabelInstall   = "steward-install"
 	LabelVersion   = "steward-version"
 	LabelManagedBy = "managed-by"
+	// LabelEvent is on executions only: the label-safe form of the
+	// release.published event the execution was started for, so an
+	// operator can filter by it (gcloud run jobs executions list
+	// --filter=labels.steward-event=...).
+	LabelEvent = "steward-event"
+)
+
+// Annotations Steward puts on its executions (through the job's execution
+// template). Labels are lossy (lowercase, 63 characters, '.' and '+'
+// become '-'), so the exact event id and version an execution ran for are
+// read from these; the label only has to agree.
+const (
+	AnnotationEvent   = "steward.dev/event-id"
+	AnnotationVersion = "steward.dev/version"
 )
 
 // The roles the admin member holds on the job: run it and watch it, nothing
@@ -52,17 +67,48 @@ type result struct {
 	Condition string `json:"condition,omitempty"`
 }
 
+// execution is what a runner says of one execution of this install's ops
+// job: the outside world's account, which a stage's claims are checked
+// against and the installed version is rebuilt from.
+type execution struct {
+	Name string
+	// Image is the one image the execution ran ("" when it ran anything
+	// but exactly one container).
+	Image string
+	// EventID and Version are the release.published event and the
+	// version it was started for, as Steward labelled it.
+	EventID string
+	Version string
+	// EventLabel is its steward-event label; it stands for EventID only
+	// where the annotation is missing (see forEvent).
+	EventLabel string
+	Created    time.Time
+	// Done is set once it ended; Result is then how.
+	Done   bool
+	Result result
+}
+
 // runner runs a release's ops job.
 type runner interface {
-	// ensure makes the job ready to run rel, idempotently, and returns a
-	// marker of the newest execution that existed before (see start).
-	ensure(ctx context.Context, rel release) (marker string, err error)
-	// start starts one execution and returns its name. If an execution
-	// newer than marker exists, a start whose answer was lost created it:
-	// start adopts it instead of starting a second.
-	start(ctx context.Context, rel release, marker string) (execution string, err error)
+	// ensure makes the job ready to run rel, idempotently.
+	ensure(ctx context.Context, rel release) error
+	// start starts one execution for rel's event and returns its name.
+	// The handler calls it only after find found none.
+	start(ctx context.Context, rel release) (execution string, err error)
+	// find returns the newest execution of this install's job started
+	// for rel's event, if the runner has one: a start whose answer or
+	// checkpoint was lost, or whose stage was removed, left it.
+	find(ctx context.Context, rel release) (execution, bool, error)
+	// lookup returns the execution named name if the runner has it and
+	// it is one of this install's job's, Steward-labelled.
+	lookup(ctx context.Context, rel release, name string) (execution, bool, error)
 	// watch waits until the execution ends.
 	watch(ctx context.Context, rel release, execution string) (result, error)
+	// history returns every Steward execution of this install's job the
+	// runner knows, newest first. kept is false when the runner keeps no
+	// record of past executions at all (the exec runner without
+	// --exec-record-dir), so their absence means nothing.
+	history(ctx context.Context) (execs []execution, kept bool, err error)
 	close() error
 }
 
@@ -116,6 +162,14 @@ func labelValue(s string) string {
 	return string(b[:min(len(b), 63)])
 }
 
+// executionLabels are the job's labels plus the event's, for the execution
+// template: every execution started from it carries them.
+func (c *cloudRun) executionLabels(rel release) map[string]string {
+	l := c.labels(rel)
+	l[LabelEvent] = labelValue(rel.EventID)
+	return l
+}
+
 func (c *cloudRun) labels(rel release) map[string]string {
 	return map[string]string{
 		LabelInstall:   labelValue(rel.Install),
@@ -140,11 +194,11 @@ func (c *cloudRun) vpcAccess() *runpb.VpcAccess {
 // retries, the task timeout, Steward's labels, the service account and the
 // VPC settings.
 func (c *cloudRun) desiredJob(rel release) *runpb.Job {
-	labels := c.labels(rel)
 	return &runpb.Job{
-		Labels: labels,
+		Labels: c.labels(rel),
 		Template: &runpb.ExecutionTemplate{
-			Labels:      maps.Clone(labels),
+			Labels:      c.executionLabels(rel),
+			Annotations: map[string]string{AnnotationEvent: rel.EventID, AnnotationVersion: rel.Version},
 			TaskCount:   1,
 			Parallelism: 1,
 			Template: &runpb.TaskTemplate{
@@ -185,6 +239,10 @@ func merge(existing, want *runpb.Job) (*runpb.Job, bool) {
 		et.Labels = map[string]string{}
 	}
 	maps.Copy(et.Labels, wt.Labels)
+	if et.Annotations == nil {
+		et.Annotations = map[string]string{}
+	}
+	maps.Copy(et.Annotations, wt.Annotations)
 	et.TaskCount, et.Parallelism = wt.TaskCount, wt.Parallelism
 	if et.Template == nil {
 		et.Template = &runpb.TaskTemplate{}
@@ -216,43 +274,35 @@ func merge(existing, want *runpb.Job) (*runpb.Job, bool) {
 	return job, !proto.Equal(job, existing)
 }
 
-func (c *cloudRun) ensure(ctx context.Context, rel release) (string, error) {
+func (c *cloudRun) ensure(ctx context.Context, rel release) error {
 	want := c.desiredJob(rel)
 	existing, err := c.jobs.GetJob(ctx, &runpb.GetJobRequest{Name: c.jobName()})
-	// The marker is the newest execution before this release runs, read
-	// from the job as it was: creating or updating a job never starts
-	// one (CreateExecution is cleared), so it stays the newest.
-	var marker string
 	switch {
 	case status.Code(err) == codes.NotFound:
 		op, err := c.jobs.CreateJob(ctx, &runpb.CreateJobRequest{Parent: c.parent(), JobId: c.cfg.CloudRunJob, Job: want})
 		if err != nil {
-			return "", cloudRunError("create job "+c.jobName(), err)
+			return cloudRunError("create job "+c.jobName(), err)
 		}
 		if _, err = waitJob(ctx, c.cfg.pollInterval, op.Poll); err != nil {
-			return "", cloudRunError("create job "+c.jobName(), err)
+			return cloudRunError("create job "+c.jobName(), err)
 		}
 		rel.log().Info().Str("job", c.jobName()).Msg("cloud run job created")
 	case err != nil:
-		return "", cloudRunError("read job "+c.jobName(), err)
+		return cloudRunError("read job "+c.jobName(), err)
 	default:
-		marker = existing.GetLatestCreatedExecution().GetName()
 		if next, changed := merge(existing, want); changed {
 			next.Etag = existing.Etag
 			op, err := c.jobs.UpdateJob(ctx, &runpb.UpdateJobRequest{Job: next})
 			if err != nil {
-				return "", cloudRunError("update job "+c.jobName(), err)
+				return cloudRunError("update job "+c.jobName(), err)
 			}
 			if _, err = waitJob(ctx, c.cfg.pollInterval, op.Poll); err != nil {
-				return "", cloudRunError("update job "+c.jobName(), err)
+				return cloudRunError("update job "+c.jobName(), err)
 			}
 			rel.log().Info().Str("job", c.jobName()).Msg("cloud run job updated")
 		}
 	}
-	if err := c.ensureIAM(ctx); err != nil {
-		return "", err
-	}
-	return marker, nil
+	return c.ensureIAM(ctx)
 }
 
 // waitJob polls a job operation until it is done.
@@ -312,25 +362,7 @@ func grant(p *iampb.Policy, role, member string) bool {
 	return true
 }
 
-func (c *cloudRun) start(ctx context.Context, rel release, marker string) (string, error) {
-	job, err := c.jobs.GetJob(ctx, &runpb.GetJobRequest{Name: c.jobName()})
-	if err != nil {
-		return "", cloudRunError("read job "+c.jobName(), err)
-	}
-	if latest := job.GetLatestCreatedExecution().GetName(); latest != "" && latest != marker {
-		// The job ran since it was ensured for this release: most likely
-		// an earlier delivery started it and crashed before checkpointing
-		// the name. If it runs this release's image, watching it is
-		// converging; starting another would run the upgrade twice.
-		e, err := c.execs.GetExecution(ctx, &runpb.GetExecutionRequest{Name: latest})
-		if err != nil {
-			return "", cloudRunError("read execution "+latest, err)
-		}
-		if ctrs := e.GetTemplate().GetContainers(); len(ctrs) == 1 && ctrs[0].GetImage() == rel.Image {
-			rel.log().Warn().Str("execution", latest).Msg("adopting an execution of this release created after the job was ensured, instead of starting a second")
-			return latest, nil
-		}
-	}
+func (c *cloudRun) start(ctx context.Context, rel release) (string, error) {
 	// No overrides: the job as ensured is exactly what runs.
 	op, err := c.jobs.RunJob(ctx, &runpb.RunJobRequest{Name: c.jobName()})
 	if err != nil {
@@ -344,8 +376,8 @@ func (c *cloudRun) start(ctx context.Context, rel release, marker string) (strin
 	}
 	if err != nil || meta.GetName() == "" {
 		// The execution exists but its name is unknown here; the retry
-		// finds it as the job's newest execution and adopts it.
-		return "", fmt.Errorf("run job %s started operation %s without naming its execution (%v); retrying adopts it", c.jobName(), op.Name(), err)
+		// finds it by its event's label and watches it (find).
+		return "", fmt.Errorf("run job %s for event %s started operation %s without naming its execution (%v); retrying finds it by its %s label and watches it", c.jobName(), rel.EventID, op.Name(), err, LabelEvent)
 	}
 	return meta.GetName(), nil
 }
@@ -366,6 +398,102 @@ func (c *cloudRun) watch(ctx context.Context, rel release, execution string) (re
 			return result{}, err
 		}
 	}
+}
+
+// execution reads what Cloud Run says of e, and whether it is a Steward
+// execution of this install's job at all: its name under the job, and
+// Steward's labels for this install. Anything else (another project's or
+// job's execution a forged stage names, an operator's own run) is not.
+func (c *cloudRun) execution(e *runpb.Execution) (execution, bool) {
+	l := e.GetLabels()
+	if !strings.HasPrefix(e.GetName(), c.jobName()+"/executions/") ||
+		l[LabelManagedBy] != "steward" || l[LabelInstall] != labelValue(c.cfg.Install) {
+		return execution{}, false
+	}
+	a := e.GetAnnotations()
+	x := execution{Name: e.GetName(), EventID: a[AnnotationEvent], Version: a[AnnotationVersion], EventLabel: l[LabelEvent], Created: e.GetCreateTime().AsTime()}
+	// A label that disagrees with its annotation was not written by
+	// Steward's template, so neither is believed.
+	if x.EventID != "" && l[LabelEvent] != labelValue(x.EventID) {
+		x.EventID, x.EventLabel = "", ""
+	}
+	if l[LabelVersion] != labelValue(x.Version) {
+		x.Version = ""
+	}
+	if ctrs := e.GetTemplate().GetContainers(); len(ctrs) == 1 {
+		x.Image = ctrs[0].GetImage()
+	}
+	x.Result, x.Done = executionResult(e)
+	return x, true
+}
+
+// forEvent says whether x was started for the event id: by its exact
+// annotation, or, on an execution that carries no annotation at all (should
+// Cloud Run not copy the template's annotations onto it), by its label.
+func (x execution) forEvent(id string) bool {
+	if x.EventID != "" {
+		return x.EventID == id
+	}
+	return x.EventLabel != "" && x.EventLabel == labelValue(id)
+}
+
+// list returns the Steward executions of this install's job, newest
+// first. A job that does not exist has none.
+func (c *cloudRun) list(ctx context.Context) ([]execution, error) {
+	var out []execution
+	it := c.execs.ListExecutions(ctx, &runpb.ListExecutionsRequest{Parent: c.jobName()})
+	for {
+		e, err := it.Next()
+		if errors.Is(err, iterator.Done) {
+			break
+		}
+		if status.Code(err) == codes.NotFound {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, cloudRunError("list executions of "+c.jobName(), err)
+		}
+		if x, ok := c.execution(e); ok {
+			out = append(out, x)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b execution) int { return b.Created.Compare(a.Created) })
+	return out, nil
+}
+
+func (c *cloudRun) find(ctx context.Context, rel release) (execution, bool, error) {
+	all, err := c.list(ctx)
+	if err != nil {
+		return execution{}, false, err
+	}
+	for _, x := range all {
+		if x.forEvent(rel.EventID) {
+			return x, true, nil
+		}
+	}
+	return execution{}, false, nil
+}
+
+func (c *cloudRun) lookup(ctx context.Context, _ release, name string) (execution, bool, error) {
+	if !strings.HasPrefix(name, c.jobName()+"/executions/") {
+		// Never asked: a name outside this install's job is no
+		// execution of it, whatever Cloud Run would answer.
+		return execution{}, false, nil
+	}
+	e, err := c.execs.GetExecution(ctx, &runpb.GetExecutionRequest{Name: name})
+	if status.Code(err) == codes.NotFound {
+		return execution{}, false, nil
+	}
+	if err != nil {
+		return execution{}, false, cloudRunError("read execution "+name, err)
+	}
+	x, ok := c.execution(e)
+	return x, ok, nil
+}
+
+func (c *cloudRun) history(ctx context.Context) ([]execution, bool, error) {
+	all, err := c.list(ctx)
+	return all, true, err
 }
 
 // executionResult reads an execution's terminal "Completed" condition. An

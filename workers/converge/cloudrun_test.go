@@ -20,12 +20,16 @@ import (
 )
 
 // wantJob is the job, exactly, that converge asks Cloud Run for.
-func wantJob(versionLabel, img string) *runpb.Job {
+// Its executions also carry the event they were started for (label and
+// annotation) and the exact version.
+func wantJob(versionLabel, version, eventID, img string) *runpb.Job {
 	labels := map[string]string{"steward-install": "shop", "steward-version": versionLabel, "managed-by": "steward"}
+	execLabels := map[string]string{"steward-install": "shop", "steward-version": versionLabel, "managed-by": "steward", "steward-event": labelValue(eventID)}
 	return &runpb.Job{
 		Labels: labels,
 		Template: &runpb.ExecutionTemplate{
-			Labels:      labels,
+			Labels:      execLabels,
+			Annotations: map[string]string{"steward.dev/event-id": eventID, "steward.dev/version": version},
 			TaskCount:   1,
 			Parallelism: 1,
 			Template: &runpb.TaskTemplate{
@@ -63,7 +67,7 @@ func TestCloudRunConvergeSucceeds(t *testing.T) {
 	js := srv.JetStream(t)
 	_, r := startWorker(t, js, cloudRunConfig(reg, key, fake))
 
-	publishRelease(t, js, "1.1.0", "")
+	id := publishRelease(t, js, "1.1.0", "")
 	got := waitOutcomes(t, js, 1)
 
 	creates := fake.CreateRequests()
@@ -73,7 +77,7 @@ func TestCloudRunConvergeSucceeds(t *testing.T) {
 	diffProto(t, "CreateJob request", creates[0], &runpb.CreateJobRequest{
 		Parent: "projects/steward-test/locations/europe-west1",
 		JobId:  testJob,
-		Job:    wantJob("1-1-0", image("1.1.0")),
+		Job:    wantJob("1-1-0", "1.1.0", id, image("1.1.0")),
 	})
 	sets := fake.SetPolicyRequests()
 	if len(sets) != 1 {
@@ -106,7 +110,7 @@ func TestCloudRunConvergeSucceeds(t *testing.T) {
 
 	// The next release: the job's image and version label change, nothing
 	// else; the admin already holds its roles, so IAM is left alone.
-	publishRelease(t, js, "1.2.0-rc.1", "")
+	id = publishRelease(t, js, "1.2.0-rc.1", "")
 	got = waitOutcomes(t, js, 2)
 	if s := outcomeData[Succeeded](t, got[1], OutcomeSucceeded); s.From != "1.1.0" || s.To != "1.2.0-rc.1" {
 		t.Fatalf("second converge %+v", s)
@@ -116,7 +120,7 @@ func TestCloudRunConvergeSucceeds(t *testing.T) {
 		t.Fatalf("%d UpdateJob requests, want 1", len(updates))
 	}
 	job := updates[0].GetJob()
-	diffProto(t, "updated job template", job.GetTemplate(), wantJob("1-2-0-rc-1", image("1.2.0-rc.1")).GetTemplate())
+	diffProto(t, "updated job template", job.GetTemplate(), wantJob("1-2-0-rc-1", "1.2.0-rc.1", id, image("1.2.0-rc.1")).GetTemplate())
 	if job.GetName() != testJobName || job.GetEtag() == "" {
 		t.Fatalf("update names %q with etag %q", job.GetName(), job.GetEtag())
 	}
@@ -178,7 +182,7 @@ func TestCloudRunUpdatesExistingJobAndMergesIAM(t *testing.T) {
 	js := srv.JetStream(t)
 	startWorker(t, js, cloudRunConfig(reg, key, fake))
 
-	publishRelease(t, js, "1.1.0", "")
+	id := publishRelease(t, js, "1.1.0", "")
 	got := waitOutcomes(t, js, 1)
 	outcomeData[Succeeded](t, got[0], OutcomeSucceeded)
 
@@ -189,7 +193,7 @@ func TestCloudRunUpdatesExistingJobAndMergesIAM(t *testing.T) {
 	if len(updates) != 1 {
 		t.Fatalf("%d UpdateJob requests, want 1", len(updates))
 	}
-	want := wantJob("1-1-0", image("1.1.0"))
+	want := wantJob("1-1-0", "1.1.0", id, image("1.1.0"))
 	want.Name, want.Uid, want.Etag = testJobName, "job-uid-1", updates[0].GetJob().GetEtag()
 	want.Labels = map[string]string{"team": "shop", "steward-install": "shop", "steward-version": "1-1-0", "managed-by": "steward"}
 	want.Template.Template.Containers[0].Resources = &runpb.ResourceRequirements{Limits: map[string]string{"cpu": "1", "memory": "512Mi"}}
@@ -330,9 +334,10 @@ func TestCloudRunUnavailableIsRetried(t *testing.T) {
 	}
 }
 
-// An execution created by a start whose answer was lost is adopted, not
-// doubled.
-func TestCloudRunStartAdoptsExecutionCreatedSinceEnsure(t *testing.T) {
+// find is how a lost start, a removed stage or a discarded one is never
+// doubled: an execution is found by the event it was started for, and only
+// by that event.
+func TestCloudRunFindsExecutionByEvent(t *testing.T) {
 	key := newKeyPair(t, signing.P256)
 	fake := cloudrunfake.Start(t)
 	fake.SetFate(cloudrunfake.Running)
@@ -343,34 +348,37 @@ func TestCloudRunStartAdoptsExecutionCreatedSinceEnsure(t *testing.T) {
 	}
 	defer w.Close()
 	ctx := context.Background()
-	rel := release{Install: testInstall, Version: "1.1.0", From: "1.0.0", Image: image("1.1.0")}
-	marker, err := w.run.ensure(ctx, rel)
+	rel := release{Install: testInstall, EventID: "Release.1.1.0/A", Version: "1.1.0", From: "1.0.0", Image: image("1.1.0")}
+	if _, found, err := w.run.find(ctx, rel); err != nil || found {
+		t.Fatalf("before the job exists: found %v, %v", found, err)
+	}
+	if err := w.run.ensure(ctx, rel); err != nil {
+		t.Fatal(err)
+	}
+	first, err := w.run.start(ctx, rel)
 	if err != nil {
 		t.Fatal(err)
 	}
-	first, err := w.run.start(ctx, rel, marker)
-	if err != nil {
-		t.Fatal(err)
+	e := fake.Execution(first)
+	if got := e.GetLabels()[LabelEvent]; got != "release-1-1-0-a" {
+		t.Fatalf("execution labelled %s=%q", LabelEvent, got)
 	}
-	again, err := w.run.start(ctx, rel, marker)
-	if err != nil {
-		t.Fatal(err)
+	if a := e.GetAnnotations(); a[AnnotationEvent] != rel.EventID || a[AnnotationVersion] != "1.1.0" {
+		t.Fatalf("execution annotations %v", a)
 	}
-	if again != first || len(fake.RunRequests()) != 1 {
-		t.Fatalf("second start gave %q (first %q) after %d RunJob requests", again, first, len(fake.RunRequests()))
+	x, found, err := w.run.find(ctx, rel)
+	if err != nil || !found || x.Name != first || x.Image != rel.Image || x.EventID != rel.EventID || x.Version != "1.1.0" || x.Done {
+		t.Fatalf("find gave %+v, %v, %v; want %s running", x, found, err, first)
 	}
 
-	// An execution of another release's image is never taken for this
-	// release's, even when the marker is stale.
-	next := release{Install: testInstall, Version: "1.2.0", From: "1.1.0", Image: image("1.2.0")}
-	if _, err := w.run.ensure(ctx, next); err != nil {
-		t.Fatal(err)
+	// Another event (its label is the same once made label-safe, its id
+	// is not) has no execution, even of the same release.
+	other := rel
+	other.EventID = "release-1-1-0-a"
+	if x, found, err := w.run.find(ctx, other); err != nil || found {
+		t.Fatalf("find for another event gave %+v, %v, %v", x, found, err)
 	}
-	third, err := w.run.start(ctx, next, marker)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if third == first || len(fake.RunRequests()) != 2 {
-		t.Fatalf("start for 1.2.0 gave %q (1.1.0's was %q) after %d RunJob requests", third, first, len(fake.RunRequests()))
+	if n := len(fake.RunRequests()); n != 1 {
+		t.Fatalf("%d RunJob requests, want 1", n)
 	}
 }

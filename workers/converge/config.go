@@ -57,6 +57,11 @@ type Config struct {
 	Runner string
 	// ExecCommand is the shell command the exec runner runs (sh -c).
 	ExecCommand string
+	// ExecRecordDir is where the exec runner keeps its record of
+	// executions (--exec-record-dir), one file each: what Cloud Run's
+	// execution list is to the cloudrun runner. Without it the exec
+	// runner knows only the commands of its own process (see execRunner).
+	ExecRecordDir string
 	// TaskTimeout bounds one run of the ops job (both runners).
 	TaskTimeout time.Duration
 
@@ -98,6 +103,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	}
 	fs.StringVar(&c.Runner, "runner", runner, "how the ops job runs: cloudrun or exec")
 	fs.StringVar(&c.ExecCommand, "exec-command", c.ExecCommand, "exec runner: shell command run with STEWARD_IMAGE, STEWARD_TARGET_VERSION, STEWARD_INSTALL and STEWARD_FROM_VERSION set")
+	fs.StringVar(&c.ExecRecordDir, "exec-record-dir", c.ExecRecordDir, "exec runner: directory where it records every execution (event, version, image, result), so a checkpoint's claim is checked against it and the installed version can be rebuilt from it; without it a removed installed-version document reads as a first start")
 	timeout := c.TaskTimeout
 	if timeout == 0 {
 		timeout = DefaultTaskTimeout
@@ -168,6 +174,13 @@ func (c Config) check() (*checked, error) {
 	case RunnerExec:
 		if strings.TrimSpace(c.ExecCommand) == "" {
 			return nil, fmt.Errorf("--exec-command is required with --runner exec")
+		}
+		if c.ExecRecordDir != "" {
+			// Made here, so a directory that cannot be written stops
+			// the worker at its start rather than at its first release.
+			if err := os.MkdirAll(c.ExecRecordDir, 0o700); err != nil {
+				return nil, fmt.Errorf("--exec-record-dir: %w", err)
+			}
 		}
 	case RunnerCloudRun:
 		if err := c.checkCloudRun(); err != nil {

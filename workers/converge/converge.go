@@ -9,6 +9,17 @@
 // stages (verified, job-ensured, running, done) so a redelivery after a
 // crash watches the execution it started instead of starting another, and
 // the installed version is recorded only after the ops job succeeded.
+//
+// The checkpoint bucket is writable by others (docs/design.md §7), so
+// nothing in it moves the install on its own say: a stage's signed
+// evidence is verified again, and what it says of an execution is checked
+// with the runner (the execution exists in this install's job, was started
+// for this event, ran exactly the signed image; its result is the
+// runner's). Executions are labelled with their event and found by it
+// before anything starts. The installed version is believed from a
+// document only as far as its signed evidence verifies (or as the seed
+// equal to --installed-version); otherwise it is rebuilt from the runner's
+// newest succeeded execution, or the worker holds and names the re-seed.
 package converge
 
 import (
@@ -105,7 +116,6 @@ type stage struct {
 	From           string  `json:"from"`
 	Image          string  `json:"image"`
 	ManifestDigest string  `json:"manifestDigest"`
-	Marker         string  `json:"marker,omitempty"`
 	Execution      string  `json:"execution,omitempty"`
 	Result         *result `json:"result,omitempty"`
 	// Evidence is the signed manifest the stage was verified from. A
@@ -161,7 +171,8 @@ func (w *Worker) Close() error { return w.run.close() }
 
 // Handle converges the install to one published release, resuming from the
 // stage an earlier delivery of the same event saved once that stage is
-// verified again from signed material.
+// verified again from signed material and, for what it says of an
+// execution, from the runner.
 func (w *Worker) Handle(ctx context.Context, d *workers.Delivery) error {
 	var ev events.ReleasePublished
 	if err := d.DataAs(&ev); err != nil {
@@ -172,15 +183,31 @@ func (w *Worker) Handle(ctx context.Context, d *workers.Delivery) error {
 	if err != nil {
 		return w.wrap(d, err)
 	}
-	if !resumed || st.Stage == "" {
-		rel, evd, inst, err := w.verify(ctx, d, ev)
+	if resumed && st.Stage != "" {
+		if err := w.recheck(ctx, d, ev, &st); err != nil {
+			return err
+		}
+		if st.Stage == stageRunning || st.Stage == stageDone {
+			ok, err := w.confirm(ctx, d, &st)
+			if err != nil {
+				return w.wrap(d, err)
+			}
+			if !ok {
+				// Discarded: the release is decided afresh below, as if
+				// no stage had been saved.
+				st = stage{}
+			}
+		}
+	}
+	if st.Stage == "" {
+		rel, evd, inst, err := w.verify(ctx, d, ev, resumed)
 		if err != nil {
 			return err
 		}
-		if inst.rev == 0 {
+		if inst.seed {
 			// From here on the install has state: a stage that finds no
 			// installed-version document was tampered with.
-			if err := w.seed(ctx, d, inst.version); err != nil {
+			if err := w.seed(ctx, d, inst); err != nil {
 				return w.wrap(d, err)
 			}
 		}
@@ -189,22 +216,39 @@ func (w *Worker) Handle(ctx context.Context, d *workers.Delivery) error {
 			return w.wrap(d, err)
 		}
 		d.Log.Info().Str("version", rel.Version).Str("from", rel.From).Str("image", rel.Image).Msg("release verified")
-	} else if err := w.recheck(ctx, d, ev, &st); err != nil {
-		return err
 	}
-	rel := release{Install: w.cfg.Install, Version: st.Version, From: st.From, Image: st.Image, ManifestDigest: st.ManifestDigest, logger: d.Log}
-	if st.Stage == stageVerified {
-		marker, err := w.run.ensure(ctx, rel)
+	rel := w.releaseOf(d, st)
+	if st.Stage == stageVerified || st.Stage == stageJobEnsured {
+		// Before anything starts, the runner is asked whether this event
+		// already has an execution: a start whose answer was lost, a
+		// stage that was removed or discarded. Watching it is
+		// converging; starting a second would run the upgrade twice.
+		x, found, err := w.run.find(ctx, rel)
 		if err != nil {
+			return w.wrap(d, err)
+		}
+		if found {
+			if x.Image != rel.Image {
+				return w.foreign(ctx, d, rel, x)
+			}
+			d.Log.Warn().Str("execution", x.Name).Str("stage", st.Stage).Msg("the runner already has an execution of this event; watching it instead of starting a second")
+			st.Stage, st.Execution = stageRunning, x.Name
+			if err := d.SaveStage(ctx, st); err != nil {
+				return w.wrap(d, err)
+			}
+		}
+	}
+	if st.Stage == stageVerified {
+		if err := w.run.ensure(ctx, rel); err != nil {
 			return w.runnerError(ctx, d, rel, err)
 		}
-		st.Stage, st.Marker = stageJobEnsured, marker
+		st.Stage = stageJobEnsured
 		if err := d.SaveStage(ctx, st); err != nil {
 			return w.wrap(d, err)
 		}
 	}
 	if st.Stage == stageJobEnsured {
-		execution, err := w.run.start(ctx, rel, st.Marker)
+		execution, err := w.run.start(ctx, rel)
 		if err != nil {
 			return w.runnerError(ctx, d, rel, err)
 		}
@@ -232,19 +276,67 @@ func (w *Worker) Handle(ctx context.Context, d *workers.Delivery) error {
 	return w.finish(ctx, d, st)
 }
 
+func (w *Worker) releaseOf(d *workers.Delivery, st stage) release {
+	return release{Install: w.cfg.Install, EventID: d.Event.ID(), Version: st.Version, From: st.From, Image: st.Image, ManifestDigest: st.ManifestDigest, logger: d.Log}
+}
+
+// confirm checks what a running or done stage says of the outside world
+// with the runner, which the stage's signed evidence cannot vouch for: the
+// execution must be one the runner has, of this install's job, started for
+// this very event, running exactly the stage's (signed) image. Whoever can
+// write the checkpoint bucket can copy a genuine manifest and signature
+// from the registry into a stage and claim success; only the runner knows
+// whether anything ran. A stage that fails is discarded (false), so it
+// moves nothing and the release is decided afresh. A stage that passes
+// is watched again: its saved result is never taken, only the runner's.
+func (w *Worker) confirm(ctx context.Context, d *workers.Delivery, st *stage) (bool, error) {
+	x, found, err := w.run.lookup(ctx, w.releaseOf(d, *st), st.Execution)
+	if err != nil {
+		return false, fmt.Errorf("check the execution %q of the checkpointed stage %q with the runner: %w", st.Execution, st.Stage, err)
+	}
+	var why string
+	switch {
+	case !found:
+		why = fmt.Sprintf("names execution %q, which the runner does not have for install %s", st.Execution, w.cfg.Install)
+	case !x.forEvent(d.Event.ID()):
+		why = fmt.Sprintf("names execution %s, which the runner started for event %q, not for this one", x.Name, x.EventID)
+	case x.Image != st.Image:
+		why = fmt.Sprintf("names execution %s, which ran image %q, not release %s's signed %q", x.Name, x.Image, st.Version, st.Image)
+	}
+	if why != "" {
+		d.Log.Warn().Str("stage", st.Stage).Str("execution", st.Execution).Str("reason", why).
+			Msg("checkpointed stage discarded: its claim about the runner is false, so it moves nothing and the release is decided again")
+		return false, nil
+	}
+	st.Stage, st.Result = stageRunning, nil
+	return true, nil
+}
+
+// foreign settles an event whose execution, as the runner has it, ran
+// another image than the release's signed one. It may have applied part of
+// something, so it is never run again by itself: the install stays, and an
+// operator looks at the execution, then publishes the release again.
+func (w *Worker) foreign(ctx context.Context, d *workers.Delivery, rel release, x execution) error {
+	cond := fmt.Sprintf("execution %s was started for this event but ran image %q, not release %s's signed %q; it is not run again, %s stays installed until an operator checks the install and publishes the release again", x.Name, x.Image, rel.Version, rel.Image, rel.From)
+	if err := d.Emit(ctx, OutcomeFailed, Failed{Install: w.cfg.Install, Version: rel.Version, Execution: x.Name, Condition: cond}); err != nil {
+		return w.wrap(d, err)
+	}
+	return workers.Refused(w.wrap(d, errors.New(cond)))
+}
+
 func (w *Worker) wrap(d *workers.Delivery, err error) error {
 	return fmt.Errorf("converge %s, event %s: %w", w.cfg.Install, d.Event.ID(), err)
 }
 
 // verify reads the installed version and the release, and refuses what the
 // install may not move to.
-func (w *Worker) verify(ctx context.Context, d *workers.Delivery, ev events.ReleasePublished) (release, Evidence, installedState, error) {
+func (w *Worker) verify(ctx context.Context, d *workers.Delivery, ev events.ReleasePublished, hadStage bool) (release, Evidence, installedState, error) {
 	// The schema already refused a version that is not semver; checked
 	// again here because the version is about to become a path or URL.
 	if err := events.CheckVersion(ev.Version); err != nil {
 		return release{}, Evidence{}, installedState{}, w.refused(ctx, d, ev.Version, refuse(ruleVersionFormat, "%v, so it names no release in the registry and nothing ran", err))
 	}
-	inst, err := w.installed(ctx, d, false)
+	inst, err := w.installed(ctx, d, hadStage)
 	if err != nil {
 		return release{}, Evidence{}, installedState{}, w.refusedOr(ctx, d, ev.Version, err)
 	}
@@ -325,93 +417,165 @@ func (w *Worker) recheck(ctx context.Context, d *workers.Delivery, ev events.Rel
 // installedState is the installed version as far as it was verified.
 type installedState struct {
 	version string
-	// rev is the document's revision; 0 when there is none yet and the
-	// version is --installed-version's.
+	// rev is the document's revision; 0 when there is none.
 	rev uint64
 	doc Installed
+	// seed is set when the version is --installed-version's and the
+	// seed form is to be written over rev before the first stage.
+	seed bool
 }
 
-// installed returns the installed version, verified: a document carrying
-// evidence is believed as far as its signed manifest verifies and names
-// its version; the seed form only while it equals --installed-version; a
-// document an older worker wrote (no evidence, no seed mark) only when the
-// registry still holds a signed manifest for its version. With no document
-// at all, --installed-version stands in, but only for a first start: once
-// the install has state (resumed is a stage saved for this event), a
-// missing document is refused. Nothing is written here, so a refusal
-// records nothing. Every "no" is a *refusal.
-func (w *Worker) installed(ctx context.Context, d *workers.Delivery, resumed bool) (installedState, error) {
-	var doc Installed
-	rev, err := d.State().Get(ctx, InstalledDoc, &doc)
+// installed returns the installed version, verified. A document carrying
+// evidence is believed as far as its signed manifest verifies and names its
+// version; the seed form only while it equals --installed-version. Nothing
+// else in the bucket is believed, since anyone who can write the bucket can
+// write it: a document that is missing, unreadable, without evidence (as
+// workers before evidence wrote them) or whose evidence does not verify is
+// rebuilt from the runner (rebuild), so the installed version never reads
+// as absent or lower because a document was removed or replaced. hadStage
+// says this event has a checkpointed stage, so the install has state and
+// a missing document is no first start.
+func (w *Worker) installed(ctx context.Context, d *workers.Delivery, hadStage bool) (installedState, error) {
+	var raw json.RawMessage
+	rev, err := d.State().Get(ctx, InstalledDoc, &raw)
 	var syntax *json.SyntaxError
-	var typ *json.UnmarshalTypeError
-	if errors.As(err, &syntax) || errors.As(err, &typ) {
-		return installedState{}, refuse(ruleInstalledUnverified, "the installed-version document of %s is not readable (%v), so the installed version is unknown and nothing ran; %s", w.cfg.Install, err, w.reseed())
+	if errors.As(err, &syntax) {
+		// Not JSON at all: its revision is unknown, so the rebuilt
+		// document is not written over it.
+		return w.rebuild(ctx, d, fmt.Sprintf("is not readable (%v)", err), 0, false, hadStage)
 	}
 	if err != nil {
 		return installedState{}, err
 	}
 	if rev == 0 {
-		if resumed {
-			return installedState{}, refuse(ruleInstalledUnverified, "the installed-version document of %s is missing although this release has a checkpointed stage, so it was removed and --installed-version is not taken in its place; nothing ran; %s", w.cfg.Install, w.reseed())
-		}
-		if w.cfg.InstalledVersion == "" {
-			return installedState{}, refuse(ruleInstalledUnknown, "the installed version of %s is unknown (nothing recorded and no --installed-version), so no release can be checked against it and nothing ran; set --installed-version to what the install runs", w.cfg.Install)
-		}
-		return installedState{version: w.cfg.InstalledVersion}, nil
+		return w.rebuild(ctx, d, "is missing", 0, true, hadStage)
 	}
-	st := installedState{version: doc.Version, rev: rev, doc: doc}
+	var doc Installed
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return w.rebuild(ctx, d, fmt.Sprintf("is not readable (%v)", err), rev, false, hadStage)
+	}
 	if err := events.CheckVersion(doc.Version); err != nil {
-		return installedState{}, refuse(ruleInstalledUnverified, "the installed-version document of %s records %q: %v, so nothing ran; %s", w.cfg.Install, doc.Version, err, w.reseed())
+		return w.rebuild(ctx, d, fmt.Sprintf("records %q (%v)", doc.Version, err), rev, false, hadStage)
 	}
 	switch {
 	case doc.Evidence != nil:
 		if _, _, err := verifyEvidence(w.cfg.keys, doc.Version, *doc.Evidence); err != nil {
 			var r *refusal
-			if errors.As(err, &r) {
-				return installedState{}, refuse(ruleInstalledUnverified, "the installed-version document of %s records %s but its evidence does not verify (%s: %s), so it is not believed and nothing ran; %s", w.cfg.Install, doc.Version, r.rule, r.reason, w.reseed())
+			if !errors.As(err, &r) {
+				return installedState{}, err
 			}
-			return installedState{}, err
+			return w.rebuild(ctx, d, fmt.Sprintf("records %s but its evidence does not verify (%s: %s)", doc.Version, r.rule, r.reason), rev, false, hadStage)
 		}
 	case doc.Seed:
 		if doc.Version != w.cfg.InstalledVersion {
-			return installedState{}, refuse(ruleInstalledUnverified, "the installed-version document of %s is a seed for %s carrying no signed evidence, and --installed-version is %q; an unsigned seed is believed only while it equals --installed-version, so nothing ran; %s", w.cfg.Install, doc.Version, w.cfg.InstalledVersion, w.reseed())
+			return w.rebuild(ctx, d, fmt.Sprintf("is a seed for %s carrying no signed evidence, and --installed-version is %q; an unsigned seed is believed only while it equals --installed-version", doc.Version, w.cfg.InstalledVersion), rev, false, hadStage)
 		}
 	default:
-		// Written by a worker from before documents kept their evidence:
-		// believed when the registry still holds a signed manifest for
-		// its version; the next converge records the evidence.
-		evd, err := w.cfg.registry.fetch(ctx, doc.Version)
-		var r *refusal
-		if errors.As(err, &r) {
-			return installedState{}, refuse(ruleInstalledUnverified, "the installed-version document of %s records %s without signed evidence and the registry has no verifiable release %s (%s), so it is not believed and nothing ran; %s", w.cfg.Install, doc.Version, doc.Version, r.reason, w.reseed())
-		}
-		if err != nil {
-			return installedState{}, err
-		}
-		if _, _, err := verifyEvidence(w.cfg.keys, doc.Version, evd); err != nil {
-			if errors.As(err, &r) {
-				return installedState{}, refuse(ruleInstalledUnverified, "the installed-version document of %s records %s without signed evidence and the registry's release %s does not verify (%s: %s), so it is not believed and nothing ran; %s", w.cfg.Install, doc.Version, doc.Version, r.rule, r.reason, w.reseed())
-			}
-			return installedState{}, err
-		}
+		// Workers before evidence wrote this form; it proves nothing,
+		// whatever the registry holds for its version.
+		return w.rebuild(ctx, d, fmt.Sprintf("records %s without signed evidence and is no seed, so it is not believed", doc.Version), rev, false, hadStage)
 	}
-	return st, nil
+	return installedState{version: doc.Version, rev: rev, doc: doc}, nil
 }
 
-// reseed tells an operator how to start over from a version they vouch for.
+// rebuild finds the installed version from the runner when the document
+// cannot be believed (found says what was found; rev is its revision, 0 when
+// missing or unknown). The rule, in order:
+//   - the newest succeeded Steward execution of this install's job is what
+//     the install runs, if the version it was labelled with has a signed
+//     manifest in the registry that verifies and whose opsImage is exactly
+//     the image the execution ran: the document is rewritten from it, with
+//     that evidence;
+//   - a runner that keeps a record and has no succeeded execution of this
+//     install never moved it, so --installed-version stands (a first start
+//     or a seed removed before any success);
+//   - a runner that keeps no record (the exec runner without
+//     --exec-record-dir) takes a missing document as a first start only
+//     while this event has no stage;
+//   - anything else (the newest success does not verify, or nothing is
+//     recorded to tell) holds: a plain error, retried, never a refusal of
+//     the release, naming the re-seed. Nothing older than the newest
+//     success is ever taken in its place, since that would let a release
+//     run again.
+func (w *Worker) rebuild(ctx context.Context, d *workers.Delivery, found string, rev uint64, missing, hadStage bool) (installedState, error) {
+	what := fmt.Sprintf("the installed-version document of %s %s", w.cfg.Install, found)
+	hold := func(format string, args ...any) error {
+		return fmt.Errorf("%s, and %s; the installed version is unknown, so this release is held (retried, not refused) and nothing ran; %s", what, fmt.Sprintf(format, args...), w.reseed())
+	}
+	hist, kept, err := w.run.history(ctx)
+	if err != nil {
+		return installedState{}, fmt.Errorf("%s; reading the runner's executions to rebuild it: %w", what, err)
+	}
+	var newest *execution
+	for i := range hist {
+		if hist[i].Done && hist[i].Result.Succeeded {
+			newest = &hist[i]
+			break
+		}
+	}
+	if newest == nil {
+		if !kept && !(missing && !hadStage) {
+			return installedState{}, hold("the exec runner keeps no record of its executions to rebuild it from (set --exec-record-dir so it does)")
+		}
+		if w.cfg.InstalledVersion == "" {
+			return installedState{}, refuse(ruleInstalledUnknown, "the installed version of %s is unknown (%s, no execution of it succeeded, and no --installed-version), so no release can be checked against it and nothing ran; set --installed-version to what the install runs", w.cfg.Install, what)
+		}
+		if !missing {
+			d.Log.Warn().Str("found", found).Str("installed", w.cfg.InstalledVersion).Msg("installed-version document not believed; the runner has no succeeded execution of this install, so --installed-version stands")
+		}
+		return installedState{version: w.cfg.InstalledVersion, rev: rev, seed: rev != 0 || missing}, nil
+	}
+	x := *newest
+	if x.Version == "" || events.CheckVersion(x.Version) != nil {
+		return installedState{}, hold("the newest succeeded execution %s carries no version Steward labelled it with (%q)", x.Name, x.Version)
+	}
+	evd, err := w.cfg.registry.fetch(ctx, x.Version)
+	var r *refusal
+	if errors.As(err, &r) {
+		return installedState{}, hold("release %s, which its newest succeeded execution %s ran, has no verifiable release in the registry (%s)", x.Version, x.Name, r.reason)
+	}
+	if err != nil {
+		return installedState{}, fmt.Errorf("%s; reading release %s of its newest succeeded execution %s to rebuild it: %w", what, x.Version, x.Name, err)
+	}
+	m, _, err := verifyEvidence(w.cfg.keys, x.Version, evd)
+	if errors.As(err, &r) {
+		return installedState{}, hold("release %s, which its newest succeeded execution %s ran, does not verify (%s: %s)", x.Version, x.Name, r.rule, r.reason)
+	}
+	if err != nil {
+		return installedState{}, err
+	}
+	if m.OpsImage != x.Image {
+		return installedState{}, hold("its newest succeeded execution %s, labelled %s, ran image %q, not release %s's signed %q", x.Name, x.Version, x.Image, x.Version, m.OpsImage)
+	}
+	doc := Installed{Version: x.Version, Execution: x.Name, EventID: x.EventID, UpdatedAt: w.now().UTC(), Evidence: &evd}
+	if missing || rev != 0 {
+		next, err := d.State().Put(ctx, InstalledDoc, doc, rev)
+		if err != nil {
+			// Another process wrote it meanwhile: the retry decides again.
+			return installedState{}, fmt.Errorf("%s; writing it rebuilt as %s from execution %s: %w", what, x.Version, x.Name, err)
+		}
+		rev = next
+	}
+	d.Log.Warn().Str("found", found).Str("installed", x.Version).Str("execution", x.Name).Msg("installed-version document rebuilt from the runner's newest succeeded execution")
+	return installedState{version: x.Version, rev: rev, doc: doc}, nil
+}
+
+// reseed tells an operator how to start over from a version they vouch for:
+// the seed form is the one document believed without evidence, and only
+// while the worker's own configuration says the same.
 func (w *Worker) reseed() string {
-	return fmt.Sprintf("to re-seed, delete the document (nats kv del %s st.%s.%s.%s), set --installed-version (STEWARD_INSTALLED_VERSION) to what the install runs, and publish the release again", workers.CheckpointBucket, Name, w.cfg.Install, InstalledDoc)
+	return fmt.Sprintf(`to re-seed from a version you vouch for, write the seed document (nats kv put %s st.%s.%s.%s '{"version":"<version>","seed":true}'), set --installed-version (STEWARD_INSTALLED_VERSION) to the same version and restart the worker; the held release is then retried by itself`, workers.CheckpointBucket, Name, w.cfg.Install, InstalledDoc)
 }
 
 // seed writes the seed form of the installed-version document before the
-// first stage is saved, so that from then on the install has state and a
-// missing document is refused rather than replaced by --installed-version.
-func (w *Worker) seed(ctx context.Context, d *workers.Delivery, version string) error {
-	doc := Installed{Version: version, Seed: true, EventID: d.Event.ID(), UpdatedAt: w.now().UTC()}
-	if _, err := d.State().Put(ctx, InstalledDoc, doc, 0); err != nil {
+// first stage is saved (over whatever unbelieved document was there), so
+// that from then on the install has state and a missing document is never
+// taken for a first start.
+func (w *Worker) seed(ctx context.Context, d *workers.Delivery, inst installedState) error {
+	doc := Installed{Version: inst.version, Seed: true, EventID: d.Event.ID(), UpdatedAt: w.now().UTC()}
+	if _, err := d.State().Put(ctx, InstalledDoc, doc, inst.rev); err != nil {
 		// Another process wrote it meanwhile: the retry decides again.
-		return fmt.Errorf("seed installed version %s: %w", version, err)
+		return fmt.Errorf("seed installed version %s: %w", inst.version, err)
 	}
 	return nil
 }
@@ -483,10 +647,17 @@ func (w *Worker) finish(ctx context.Context, d *workers.Delivery, st stage) erro
 // new version, so it is recorded even if the record moved meanwhile.
 func (w *Worker) record(ctx context.Context, d *workers.Delivery, st stage) error {
 	for range maxRecordRetries {
+		// Read as raw JSON: a document that is not one (forged, spoiled)
+		// is written over all the same, since the execution just
+		// succeeded is what the install now runs.
+		var raw json.RawMessage
 		var cur Installed
-		rev, err := d.State().Get(ctx, InstalledDoc, &cur)
+		rev, err := d.State().Get(ctx, InstalledDoc, &raw)
 		if err != nil {
 			return err
+		}
+		if rev != 0 {
+			_ = json.Unmarshal(raw, &cur)
 		}
 		if rev != 0 && cur.Version == st.Version && cur.EventID == d.Event.ID() && cur.Evidence != nil {
 			return nil

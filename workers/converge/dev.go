@@ -91,7 +91,14 @@ func Dev(ctx context.Context, dir string) (Config, []string, error) {
 	if err != nil {
 		return Config{}, nil, err
 	}
+	records, err := filepath.Abs(filepath.Join(dir, "converge-exec"))
+	if err != nil {
+		return Config{}, nil, err
+	}
 	cfg := Config{
+		// The exec runner's record, so the development instance keeps
+		// the same rules as Cloud Run (see execRunner).
+		ExecRecordDir:    records,
 		Install:          DevInstall,
 		Registry:         absReg,
 		ReleaseKey:       absPub,

@@ -13,6 +13,7 @@ import (
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/signing"
 	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/converge/cloudrunfake"
 	"github.com/steward-dev/steward/workers/workertest"
 )
 
@@ -115,7 +116,7 @@ func TestForgedStageNeverRunsUnsignedImage(t *testing.T) {
 				ack := workertest.PublishData(t, js, events.TypeReleasePublished, "1.1.0", events.ReleasePublished{Version: "1.1.0"})
 				forgeStage(t, js, ack.Sequence, stage{
 					Stage: st, Version: v.version, From: "1.0.0", Image: evil, ManifestDigest: v.digest,
-					Marker: "m", Execution: "exec-1-forged", Result: &result{Succeeded: true, Condition: "forged"}, Evidence: v.evidence,
+					Execution: "exec-1-forged", Result: &result{Succeeded: true, Condition: "forged"}, Evidence: v.evidence,
 				})
 				_, r = startWorker(t, js, cfg)
 				got := waitOutcomes(t, js, 1)
@@ -137,8 +138,8 @@ func TestForgedStageNeverRunsUnsignedImage(t *testing.T) {
 
 // A stage forged with the real signed manifest but another starting point
 // (claiming 1.1.0 converges from 0.9.0 while 1.0.0 is installed) is
-// refused; so is a legitimate stage whose installed-version document was
-// deleted, since --installed-version only seeds a first start.
+// refused. (A stage whose installed-version document was deleted holds
+// instead: TestInstalledDocHoldsWhenTheRunnerCannotRebuildIt.)
 func TestForgedStageStartingPointAndMissingInstalledDoc(t *testing.T) {
 	key := newKeyPair(t, signing.P256)
 	reg := t.TempDir()
@@ -157,7 +158,6 @@ func TestForgedStageStartingPointAndMissingInstalledDoc(t *testing.T) {
 		want       string
 	}{
 		{"another starting point", "0.9.0", true, `converges from "0.9.0" but the verified installed version is "1.0.0"`},
-		{"installed document deleted", "1.0.0", false, "installed-version document of shop is missing although this release has a checkpointed stage"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ran := filepath.Join(t.TempDir(), "ran")
@@ -189,12 +189,16 @@ func TestForgedStageStartingPointAndMissingInstalledDoc(t *testing.T) {
 	}
 }
 
-// After a real converge to 1.1.0, an installed-version document forged low
-// (0.5.0, which no signed release backs) never allows the downgrade to
-// 1.0.5: not as a bare document as older workers wrote them, not with
-// evidence signed by another key, and not as a seed that differs from
-// --installed-version. On the old code each one let 1.0.5 run.
-func TestForgedInstalledDocCannotDowngrade(t *testing.T) {
+// After a real converge to 1.1.0, an installed-version document deleted or
+// forged low (0.5.0, which no signed release backs) is rebuilt from the
+// runner's newest succeeded execution, so the downgrade to 1.0.5 is refused
+// against 1.1.0: not as a missing document, a bare document as older
+// workers wrote them, evidence signed by another key, a seed that differs
+// from --installed-version, or not JSON of a document. Both runners: Cloud
+// Run's execution list and the exec runner's record. On the old code a
+// deleted document let 1.0.5 run, and the others refused it for the wrong
+// reason without ever knowing 1.1.0 was installed.
+func TestForgedOrDeletedInstalledDocIsRebuiltFromTheRunner(t *testing.T) {
 	key := newKeyPair(t, signing.P256)
 	other := newKeyPair(t, signing.P256)
 	reg := t.TempDir()
@@ -206,60 +210,87 @@ func TestForgedInstalledDocCannotDowngrade(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []struct {
-		name string
-		doc  any
-		want string
-	}{
-		{"bare document", map[string]any{"version": "0.5.0", "updatedAt": "2026-03-01T12:00:00Z"}, "records 0.5.0 without signed evidence and the registry has no verifiable release 0.5.0"},
-		{"evidence by another key", Installed{Version: "0.5.0", Evidence: &otherEvidence}, "records 0.5.0 but its evidence does not verify (signature:"},
-		{"seed unlike --installed-version", Installed{Version: "0.5.0", Seed: true}, `is a seed for 0.5.0 carrying no signed evidence, and --installed-version is "1.0.0"`},
-		{"not JSON of a document", map[string]any{"version": 7}, "is not readable"},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			ran := filepath.Join(t.TempDir(), "ran")
-			srv := workertest.StartServer(t)
-			js := srv.JetStream(t)
-			_, r := startWorker(t, js, execConfig(t, reg, key, `echo "$STEWARD_TARGET_VERSION" >> `+ran))
-			publishRelease(t, js, "1.1.0", "")
-			outcomeData[Succeeded](t, waitOutcomes(t, js, 1)[0], OutcomeSucceeded)
-			workertest.WaitIdle(t, js, r.ConsumerName())
-			var doc Installed
-			rev, err := r.State().Get(context.Background(), InstalledDoc, &doc)
-			if err != nil || doc.Evidence == nil || doc.Version != "1.1.0" {
-				t.Fatalf("recorded %+v (%v), want 1.1.0 with its evidence", doc, err)
-			}
-			if _, err := r.State().Put(context.Background(), InstalledDoc, c.doc, rev); err != nil {
-				t.Fatal(err)
-			}
-			publishRelease(t, js, "1.0.5", "")
-			got := waitOutcomes(t, js, 2)
-			ref := outcomeData[Refused](t, got[1], OutcomeRefused)
-			if ref.Rule != ruleInstalledUnverified || !strings.Contains(ref.Reason, c.want) || !strings.Contains(ref.Reason, "nats kv del STEWARD_CHECKPOINTS st.converge.shop.installed") {
-				t.Fatalf("refused %+v, want rule %s saying %q and how to re-seed", ref, ruleInstalledUnverified, c.want)
-			}
-			noDeadLetters(t, js, r)
-			if log := ranLog(t, ran); log != "1.1.0\n" {
-				t.Fatalf("the ops job ran for %q, want 1.1.0 only", log)
-			}
-		})
+	for _, runner := range []string{RunnerCloudRun, RunnerExec} {
+		for _, c := range []struct {
+			name string
+			doc  any // nil: deleted
+		}{
+			{"deleted", nil},
+			{"bare document", map[string]any{"version": "0.5.0", "updatedAt": "2026-03-01T12:00:00Z"}},
+			{"evidence by another key", Installed{Version: "0.5.0", Evidence: &otherEvidence}},
+			{"seed unlike --installed-version", Installed{Version: "0.5.0", Seed: true}},
+			{"not JSON of a document", map[string]any{"version": 7}},
+		} {
+			t.Run(runner+"/"+c.name, func(t *testing.T) {
+				ran := filepath.Join(t.TempDir(), "ran")
+				srv := workertest.StartServer(t)
+				js := srv.JetStream(t)
+				var cfg Config
+				var fake *cloudrunfake.Server
+				if runner == RunnerExec {
+					cfg = execConfig(t, reg, key, `echo "$STEWARD_TARGET_VERSION" >> `+ran)
+					cfg.ExecRecordDir = t.TempDir()
+				} else {
+					fake = cloudrunfake.Start(t)
+					cfg = cloudRunConfig(reg, key, fake)
+				}
+				_, r := startWorker(t, js, cfg)
+				publishRelease(t, js, "1.1.0", "")
+				first := outcomeData[Succeeded](t, waitOutcomes(t, js, 1)[0], OutcomeSucceeded)
+				workertest.WaitIdle(t, js, r.ConsumerName())
+				var doc Installed
+				rev, err := r.State().Get(context.Background(), InstalledDoc, &doc)
+				if err != nil || doc.Evidence == nil || doc.Version != "1.1.0" {
+					t.Fatalf("recorded %+v (%v), want 1.1.0 with its evidence", doc, err)
+				}
+				if c.doc == nil {
+					kv, err := js.KeyValue(context.Background(), workers.CheckpointBucket)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := kv.Delete(context.Background(), "st."+Name+"."+testInstall+"."+InstalledDoc); err != nil {
+						t.Fatal(err)
+					}
+				} else if _, err := r.State().Put(context.Background(), InstalledDoc, c.doc, rev); err != nil {
+					t.Fatal(err)
+				}
+				publishRelease(t, js, "1.0.5", "")
+				got := waitOutcomes(t, js, 2)
+				ref := outcomeData[Refused](t, got[1], OutcomeRefused)
+				if ref.Rule != ruleDowngrade || !strings.Contains(ref.Reason, "older than the installed 1.1.0") {
+					t.Fatalf("refused %+v, want rule %s against the rebuilt 1.1.0", ref, ruleDowngrade)
+				}
+				noDeadLetters(t, js, r)
+				doc = Installed{}
+				if _, err := r.State().Get(context.Background(), InstalledDoc, &doc); err != nil || doc.Version != "1.1.0" || doc.Execution != first.Execution || doc.Evidence == nil {
+					t.Fatalf("rebuilt %+v (%v), want 1.1.0 from execution %s with evidence", doc, err, first.Execution)
+				}
+				if _, _, err := verifyEvidence(newReleaseKeys(mustKey(t, key)), "1.1.0", *doc.Evidence); err != nil {
+					t.Fatalf("rebuilt evidence does not verify: %v", err)
+				}
+				if runner == RunnerExec {
+					if log := ranLog(t, ran); log != "1.1.0\n" {
+						t.Fatalf("the ops job ran for %q, want 1.1.0 only", log)
+					}
+				} else if n := len(fake.RunRequests()); n != 1 {
+					t.Fatalf("%d RunJob requests, want 1", n)
+				}
+			})
+		}
 	}
 }
 
-// A document the previous worker wrote (no evidence, no seed mark) is still
-// read when the registry holds its signed release, and the next converge
-// records it with evidence: the upgrade path needs no re-seed. Its stage,
-// saved without evidence, resumes after being verified from the registry.
-func TestLegacyStateIsVerifiedFromTheRegistry(t *testing.T) {
+// A stage an older worker saved without evidence still resumes, verified
+// from the registry's signed release.
+func TestLegacyStageIsVerifiedFromTheRegistry(t *testing.T) {
 	key := newKeyPair(t, signing.P256)
 	reg := t.TempDir()
 	writeRelease(t, reg, key, manifest("1.1.0", "1.0.0"))
-	writeRelease(t, reg, key, manifest("1.2.0", "1.1.0"))
-	good, err := dirRegistry{root: reg}.fetch(context.Background(), "1.2.0")
+	good, err := dirRegistry{root: reg}.fetch(context.Background(), "1.1.0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, digest, err := verifyEvidence(newReleaseKeys(mustKey(t, key)), "1.2.0", good)
+	_, digest, err := verifyEvidence(newReleaseKeys(mustKey(t, key)), "1.1.0", good)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,28 +299,24 @@ func TestLegacyStateIsVerifiedFromTheRegistry(t *testing.T) {
 	js := srv.JetStream(t)
 	cfg := execConfig(t, reg, key, `echo "$STEWARD_TARGET_VERSION $STEWARD_IMAGE" >> `+ran)
 	_, r := startWorker(t, js, cfg)
-	legacy := map[string]any{"version": "1.1.0", "from": "1.0.0", "execution": "exec-1-1", "eventId": "old", "updatedAt": "2026-03-01T12:00:00Z"}
-	if _, err := r.State().Put(context.Background(), InstalledDoc, legacy, 0); err != nil {
+	if _, err := r.State().Put(context.Background(), InstalledDoc, Installed{Version: "1.0.0", Seed: true}, 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	ack := workertest.PublishData(t, js, events.TypeReleasePublished, "1.2.0", events.ReleasePublished{Version: "1.2.0"})
-	forgeStage(t, js, ack.Sequence, map[string]any{"stage": stageVerified, "version": "1.2.0", "from": "1.1.0", "image": image("1.2.0"), "manifestDigest": digest})
+	ack := workertest.PublishData(t, js, events.TypeReleasePublished, "1.1.0", events.ReleasePublished{Version: "1.1.0"})
+	forgeStage(t, js, ack.Sequence, map[string]any{"stage": stageVerified, "version": "1.1.0", "from": "1.0.0", "image": image("1.1.0"), "manifestDigest": digest, "marker": "an older worker's"})
 	_, r = startWorker(t, js, cfg)
 	s := outcomeData[Succeeded](t, waitOutcomes(t, js, 1)[0], OutcomeSucceeded)
-	if s.From != "1.1.0" || s.To != "1.2.0" {
+	if s.From != "1.0.0" || s.To != "1.1.0" {
 		t.Fatalf("succeeded %+v", s)
 	}
-	if log := ranLog(t, ran); log != "1.2.0 "+image("1.2.0")+"\n" {
+	if log := ranLog(t, ran); log != "1.1.0 "+image("1.1.0")+"\n" {
 		t.Fatalf("ran %q", log)
 	}
 	var doc Installed
-	if _, err := r.State().Get(context.Background(), InstalledDoc, &doc); err != nil || doc.Version != "1.2.0" || doc.Evidence == nil {
-		t.Fatalf("recorded %+v (%v), want 1.2.0 with evidence", doc, err)
-	}
-	if _, _, err := verifyEvidence(newReleaseKeys(mustKey(t, key)), "1.2.0", *doc.Evidence); err != nil {
-		t.Fatalf("recorded evidence does not verify: %v", err)
+	if _, err := r.State().Get(context.Background(), InstalledDoc, &doc); err != nil || doc.Version != "1.1.0" || doc.Evidence == nil {
+		t.Fatalf("recorded %+v (%v), want 1.1.0 with evidence", doc, err)
 	}
 }

@@ -82,7 +82,10 @@ type Manifest struct {
 
 // release is a verified release this install may move to.
 type release struct {
-	Install        string
+	Install string
+	// EventID is the release.published event being converged: every
+	// execution is labelled with it, and found by it.
+	EventID        string
 	Version        string
 	From           string
 	Image          string

@@ -15,6 +15,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"maps"
 	"net"
 	"strconv"
 	"strings"
@@ -170,6 +171,45 @@ func (s *Server) PutJob(job *runpb.Job) {
 		j.Etag = s.nextEtag()
 	}
 	s.jobs[j.Name] = j
+}
+
+// PutExecution stores an execution of a job as if it had run before the
+// test (another event's, one that ran another image, one that failed),
+// with fate Succeed, Fail or Running. Its name must be
+// <job>/executions/<id> of a job the fake has (PutJob); its labels, annotations and template are kept as
+// given, and its creation time, when unset, makes it the newest. The job's
+// execution count and latest execution are not changed, as for an
+// execution started outside the worker's view.
+func (s *Server) PutExecution(e *runpb.Execution, f Fate) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f != Succeed && f != Fail && f != Running {
+		return fmt.Errorf("cloudrunfake: an execution's fate is %v, %v or %v, not %v", Succeed, Fail, Running, f)
+	}
+	job, _, ok := strings.Cut(e.GetName(), "/executions/")
+	if !ok || parentOf(job) == job {
+		return fmt.Errorf("cloudrunfake: execution name %q is not <job>/executions/<id>", e.GetName())
+	}
+	if _, ok := s.jobs[job]; !ok {
+		return fmt.Errorf("cloudrunfake: execution %q belongs to job %s, which does not exist; PutJob it first", e.GetName(), job)
+	}
+	if _, dup := s.executions[e.GetName()]; dup {
+		return fmt.Errorf("cloudrunfake: execution %q exists", e.GetName())
+	}
+	x := proto.Clone(e).(*runpb.Execution)
+	if x.CreateTime == nil {
+		x.CreateTime = timestamppb.Now()
+	}
+	x.Job = job[strings.LastIndex(job, "/")+1:]
+	x.TaskCount = max(x.TaskCount, 1)
+	x.Conditions = []*runpb.Condition{{Type: "Completed", State: runpb.Condition_CONDITION_RECONCILING}}
+	x.RunningCount = 1
+	s.executions[x.Name] = x
+	s.order = append(s.order, x.Name)
+	if f != Running {
+		s.settle(x, f)
+	}
+	return nil
 }
 
 // PutPolicy stores an IAM policy on a resource as if it existed before the
@@ -420,8 +460,9 @@ func (j jobsServer) RunJob(_ context.Context, req *runpb.RunJobRequest) (*longru
 		Name:         execName,
 		Uid:          "uid-" + strconv.Itoa(s.serial),
 		Generation:   1,
-		Labels:       tmpl.GetLabels(),
-		Job:          job.Name,
+		Labels:       maps.Clone(tmpl.GetLabels()),
+		Annotations:  maps.Clone(tmpl.GetAnnotations()),
+		Job:          jobID,
 		CreateTime:   timestamppb.Now(),
 		StartTime:    timestamppb.Now(),
 		TaskCount:    max(tmpl.GetTaskCount(), 1),
@@ -432,7 +473,10 @@ func (j jobsServer) RunJob(_ context.Context, req *runpb.RunJobRequest) (*longru
 	}
 	if req.GetOverrides() != nil {
 		// Kept as received so a test can see an override was asked for.
-		e.Annotations = map[string]string{"cloudrunfake/overridden": "true"}
+		if e.Annotations == nil {
+			e.Annotations = map[string]string{}
+		}
+		e.Annotations["cloudrunfake/overridden"] = "true"
 	}
 	s.executions[execName] = e
 	s.order = append(s.order, execName)
@@ -509,6 +553,49 @@ func (x executionsServer) GetExecution(_ context.Context, req *runpb.GetExecutio
 		return nil, status.Errorf(codes.NotFound, "Resource '%s' was not found", req.GetName())
 	}
 	return proto.Clone(e).(*runpb.Execution), nil
+}
+
+// ListExecutions lists a job's executions, newest first as the API does,
+// in pages of page_size (default 100). A job that does not exist is
+// NotFound.
+func (x executionsServer) ListExecutions(_ context.Context, req *runpb.ListExecutionsRequest) (*runpb.ListExecutionsResponse, error) {
+	s := x.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.enter("ListExecutions"); err != nil {
+		return nil, err
+	}
+	parent := req.GetParent()
+	if _, ok := s.jobs[parent]; !ok {
+		return nil, status.Errorf(codes.NotFound, "Resource '%s' was not found", parent)
+	}
+	var all []*runpb.Execution
+	for i := len(s.order) - 1; i >= 0; i-- {
+		if name := s.order[i]; strings.HasPrefix(name, parent+"/executions/") {
+			all = append(all, s.executions[name])
+		}
+	}
+	start := 0
+	if tok := req.GetPageToken(); tok != "" {
+		n, err := strconv.Atoi(tok)
+		if err != nil || n < 0 || n > len(all) {
+			return nil, status.Errorf(codes.InvalidArgument, "page token %q is not one this server gave", tok)
+		}
+		start = n
+	}
+	size := int(req.GetPageSize())
+	if size <= 0 {
+		size = 100
+	}
+	end := min(start+size, len(all))
+	resp := &runpb.ListExecutionsResponse{}
+	for _, e := range all[start:end] {
+		resp.Executions = append(resp.Executions, proto.Clone(e).(*runpb.Execution))
+	}
+	if end < len(all) {
+		resp.NextPageToken = strconv.Itoa(end)
+	}
+	return resp, nil
 }
 
 type operationsServer struct {
