@@ -53,6 +53,11 @@ type Config struct {
 	// InstalledVersion is the version the install runs when this worker
 	// first starts. Once the worker has recorded a version it is ignored.
 	InstalledVersion string
+	// Reseed makes the worker believe InstalledVersion when the recorded
+	// installed version cannot be believed and the runner cannot rebuild
+	// it: the operator vouches for it, and the worker writes it as its own
+	// signed seed. Remove it once the install converges.
+	Reseed bool
 	// Runner is RunnerCloudRun or RunnerExec.
 	Runner string
 	// ExecCommand is the shell command the exec runner runs (sh -c).
@@ -97,6 +102,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Registry, "registry", c.Registry, "release registry: a directory or an https base URL holding <version>/manifest.json and manifest.json.sigstore.json (or the legacy manifest.json.sig)")
 	fs.StringVar(&c.ReleaseKey, "release-key", c.ReleaseKey, "PEM (PKIX) public keys that sign releases (ECDSA P-256 as cosign writes it, or ed25519): one file with one or more PUBLIC KEY blocks, or files separated by commas; a release signed by any of them verifies, so a key is rotated by adding the new one, then removing the old")
 	fs.StringVar(&c.InstalledVersion, "installed-version", c.InstalledVersion, "version the install runs at the worker's first start (ignored once a version is recorded)")
+	fs.BoolVar(&c.Reseed, "reseed", c.Reseed, "believe --installed-version when the recorded installed version does not verify and the runner cannot rebuild it (the held release names this); remove it once the install converges")
 	runner := c.Runner
 	if runner == "" {
 		runner = RunnerCloudRun

@@ -444,6 +444,12 @@ func (w *Worker) installed(ctx context.Context, d *workers.Delivery, hadStage bo
 		// document is not written over it.
 		return w.rebuild(ctx, d, fmt.Sprintf("is not readable (%v)", err), 0, false, hadStage)
 	}
+	if errors.Is(err, workers.ErrUntrusted) {
+		// Not signed by this instance (docs/design.md §7): whatever it
+		// says is not believed, and the document is rebuilt from the
+		// runner over its revision.
+		return w.rebuild(ctx, d, "does not verify as this instance's own", rev, false, hadStage)
+	}
 	if err != nil {
 		return installedState{}, err
 	}
@@ -501,6 +507,12 @@ func (w *Worker) rebuild(ctx context.Context, d *workers.Delivery, found string,
 	what := fmt.Sprintf("the installed-version document of %s %s", w.cfg.Install, found)
 	hold := func(format string, args ...any) error {
 		return fmt.Errorf("%s, and %s; the installed version is unknown, so this release is held (retried, not refused) and nothing ran; %s", what, fmt.Sprintf(format, args...), w.reseed())
+	}
+	if w.cfg.Reseed && w.cfg.InstalledVersion != "" {
+		// The operator vouches for --installed-version: it is written
+		// as this instance's own signed seed over what was not believed.
+		d.Log.Warn().Str("found", found).Str("installed", w.cfg.InstalledVersion).Msg("installed-version document not believed; --reseed takes --installed-version instead")
+		return installedState{version: w.cfg.InstalledVersion, rev: rev, seed: true}, nil
 	}
 	hist, kept, err := w.run.history(ctx)
 	if err != nil {
@@ -564,7 +576,7 @@ func (w *Worker) rebuild(ctx context.Context, d *workers.Delivery, found string,
 // the seed form is the one document believed without evidence, and only
 // while the worker's own configuration says the same.
 func (w *Worker) reseed() string {
-	return fmt.Sprintf(`to re-seed from a version you vouch for, write the seed document (nats kv put %s st.%s.%s.%s '{"version":"<version>","seed":true}'), set --installed-version (STEWARD_INSTALLED_VERSION) to the same version and restart the worker; the held release is then retried by itself`, workers.CheckpointBucket, Name, w.cfg.Install, InstalledDoc)
+	return "to re-seed from a version you vouch for, restart the worker with --installed-version <version> --reseed (STEWARD_INSTALLED_VERSION, STEWARD_RESEED=true): it writes that version as its own signed seed, the held release is then retried by itself, and --reseed can go"
 }
 
 // seed writes the seed form of the installed-version document before the
@@ -653,10 +665,10 @@ func (w *Worker) record(ctx context.Context, d *workers.Delivery, st stage) erro
 		var raw json.RawMessage
 		var cur Installed
 		rev, err := d.State().Get(ctx, InstalledDoc, &raw)
-		if err != nil {
+		if err != nil && !errors.Is(err, workers.ErrUntrusted) {
 			return err
 		}
-		if rev != 0 {
+		if rev != 0 && err == nil {
 			_ = json.Unmarshal(raw, &cur)
 		}
 		if rev != 0 && cur.Version == st.Version && cur.EventID == d.Event.ID() && cur.Evidence != nil {

@@ -2,6 +2,7 @@ package converge
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -283,7 +284,7 @@ func TestInstalledDocHoldsWhenTheRunnerCannotRebuildIt(t *testing.T) {
 			res.AssertVerdicts(workertest.Retried)
 			msg := res.Err().Error()
 			for _, want := range []string{c.want, "this release is held (retried, not refused) and nothing ran",
-				`nats kv put STEWARD_CHECKPOINTS st.converge.shop.installed '{"version":"<version>","seed":true}'`, "--installed-version (STEWARD_INSTALLED_VERSION)",
+				"--installed-version <version> --reseed", "STEWARD_RESEED=true",
 				"converge shop, event release-1.2.0"} {
 				if !strings.Contains(msg, want) {
 					t.Fatalf("error %q does not say %q", msg, want)
@@ -297,17 +298,23 @@ func TestInstalledDocHoldsWhenTheRunnerCannotRebuildIt(t *testing.T) {
 				t.Fatalf("state changed while held: %s, was %s", after[InstalledDoc], before[InstalledDoc])
 			}
 
-			// The re-seed it names: the seed document and the same
-			// --installed-version; the release then converges from it.
-			cfg.InstalledVersion = "1.1.0"
+			// The re-seed it names: --installed-version with --reseed
+			// over the same state; the release then converges from it.
+			cfg.InstalledVersion, cfg.Reseed = "1.1.0", true
 			w2, err := New(cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer w2.Close()
 			r2 := workertest.NewRunner(t, w2.Spec(), w2)
-			if _, err := r2.State().Put(context.Background(), InstalledDoc, Installed{Version: "1.1.0", Seed: true}, 0); err != nil {
+			docs, err := r.State().Documents(context.Background())
+			if err != nil {
 				t.Fatal(err)
+			}
+			for name, raw := range docs {
+				if _, err := r2.State().Put(context.Background(), strings.TrimPrefix(name, "st.converge.shop."), json.RawMessage(raw), 0); err != nil {
+					t.Fatal(err)
+				}
 			}
 			res = r2.Work(e)
 			res.AssertVerdicts(workertest.Applied)
