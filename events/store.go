@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -222,7 +223,14 @@ func (s *Store) open(ctx context.Context, key string, raw []byte, rev uint64) Do
 
 // forged reports d as a forgery and returns it untrusted.
 func (s *Store) forged(ctx context.Context, d Doc, reason string) Doc {
-	f := Forgery{Key: d.Key, Kind: d.Info.Kind, Revision: d.Revision, Reason: reason, SeenAt: s.o.Now().UTC(), ReflectedFrom: s.reflectedFrom(ctx, d.Key, d.Revision)}
+	f := Forgery{Key: d.Key, Kind: d.Info.Kind, Revision: d.Revision, Reason: reason, SeenAt: s.o.Now().UTC()}
+	if rev, from := s.inspect(ctx, d.Key); rev != 0 {
+		// A reflected direct get carries the Nats-Sequence of the message
+		// it answered with ahead of its own, and nats.go reads the first
+		// as the revision: the stored one is the last, and only it makes
+		// the compare-and-swap that replaces the forgery succeed.
+		d.Revision, f.Revision, f.ReflectedFrom = rev, rev, from
+	}
 	d.Forgery = &f
 	if s.o.OnForged != nil {
 		s.o.OnForged(f)
@@ -230,23 +238,32 @@ func (s *Store) forged(ctx context.Context, d Doc, reason string) Doc {
 	return d
 }
 
-// reflectedFrom reads what the stored message says of where it came from:
-// a direct get's answer keeps the Nats-Stream and Nats-Subject of the
-// message it answered with, and a publish acknowledgement names its
-// stream. Reflection is how an identity writes under a key it may not
-// publish to, so this names the key, and with it the identity, that made
-// the request.
-func (s *Store) reflectedFrom(ctx context.Context, key string, rev uint64) string {
-	if s.raw == nil || rev == 0 {
-		return ""
+// inspect reads the stored message under key with its headers and says
+// what it is: its revision (the last Nats-Sequence) and where it came from.
+// A direct get's answer keeps the Nats-Stream, Nats-Subject and
+// Nats-Sequence of the message it answered with, and a publish
+// acknowledgement names its stream. Reflection is how an identity writes
+// under a key it may not publish to, so this names the key, and with it
+// the identity, that made the request. Zero when it cannot be read.
+func (s *Store) inspect(ctx context.Context, key string) (uint64, string) {
+	if s.raw == nil {
+		return 0, ""
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	m, err := s.raw.GetMsg(ctx, rev)
-	if err != nil {
-		return ""
-	}
+	// By subject, not by sequence: an instance may read only its own keys,
+	// and a read by sequence could be anyone's.
 	self := "$KV." + CheckpointBucket + "." + key
+	m, err := s.raw.GetLastMsgForSubject(ctx, self)
+	if err != nil {
+		return 0, ""
+	}
+	rev := m.Sequence
+	if seqs := m.Header.Values("Nats-Sequence"); len(seqs) > 1 {
+		if n, err := strconv.ParseUint(seqs[len(seqs)-1], 10, 64); err == nil {
+			rev = n
+		}
+	}
 	var from []string
 	for _, v := range m.Header.Values("Nats-Subject") {
 		if v != self {
@@ -254,17 +271,16 @@ func (s *Store) reflectedFrom(ctx context.Context, key string, rev uint64) strin
 		}
 	}
 	if len(from) > 0 {
-		stream := m.Header.Get("Nats-Stream")
-		return fmt.Sprintf("a direct get of %s (stream %s)", strings.Join(from, ", "), stream)
+		return rev, fmt.Sprintf("a direct get of %s (stream %s)", strings.Join(from, ", "), m.Header.Get("Nats-Stream"))
 	}
 	var ack struct {
 		Stream string `json:"stream"`
 		Seq    uint64 `json:"seq"`
 	}
 	if json.Unmarshal(m.Data, &ack) == nil && ack.Stream != "" {
-		return fmt.Sprintf("a publish acknowledgement of stream %s (sequence %d)", ack.Stream, ack.Seq)
+		return rev, fmt.Sprintf("a publish acknowledgement of stream %s (sequence %d)", ack.Stream, ack.Seq)
 	}
-	return ""
+	return rev, ""
 }
 
 func (s *Store) scope(key string) proof.Scope {

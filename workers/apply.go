@@ -132,7 +132,11 @@ func (w *Runtime) apply(ctx context.Context, h *held, b *batch, log zerolog.Logg
 	// order, so none can be held elsewhere. An event that already waited
 	// behind one looks again, whatever the cache says.
 	if w.reader == nil && (!cached || h.delivered > 1 || !h.deferredSince.IsZero()) {
-		behind, err := w.earlierUnsettled(ctx, h, cp.Applied)
+		floor, err := w.orderFloor(ctx, h, cp)
+		if err != nil {
+			return "", 0, err
+		}
+		behind, err := w.earlierUnsettled(ctx, h, floor)
 		if err != nil {
 			return "", 0, err
 		}

@@ -45,7 +45,7 @@ func (w *Runtime) getCheckpoint(ctx context.Context, lane string) (checkpoint, u
 	if err := doc.Decode(&cp); err != nil {
 		return cp, 0, err
 	}
-	w.cps.put(lane, cachedCP{cp: cp, rev: doc.Revision, epoch: epoch})
+	w.cps.put(lane, cachedCP{cp: cp, rev: doc.Revision, epoch: epoch, untrusted: doc.Present() && !doc.Trusted})
 	return cp, doc.Revision, nil
 }
 
@@ -96,6 +96,9 @@ type cachedCP struct {
 	cp    checkpoint
 	rev   uint64
 	epoch uint64
+	// untrusted says the stored checkpoint did not verify, so cp is the
+	// empty one it counts as (orderFloor).
+	untrusted bool
 }
 
 // cpCache is a bounded map of cached checkpoints; when full, an arbitrary
@@ -127,6 +130,31 @@ func (c *cpCache) put(lane string, e cachedCP) {
 		}
 	}
 	c.entries[lane] = e
+}
+
+// untrusted says the lane's stored checkpoint, as last read, did not
+// verify.
+func (c *cpCache) untrusted(lane string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.entries[lane].untrusted
+}
+
+// orderFloor is the sequence at or below which every event of h's lane is
+// known to be settled, for the order scan: the checkpoint's, or, when the
+// stored checkpoint did not verify and so counts as absent, the consumer's
+// ack floor (what was acknowledged was settled), so an event does not wait
+// for earlier ones that were settled long ago and will never come back.
+// That costs one consumer info, only on the path of a forged document.
+func (w *Runtime) orderFloor(ctx context.Context, h *held, cp checkpoint) (uint64, error) {
+	if w.consumer == nil || !w.cps.untrusted(h.lane) {
+		return cp.Applied, nil
+	}
+	info, err := w.consumer.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("read the ack floor of %s after the checkpoint of %s did not verify: %w", w.consumerName(), h.key, err)
+	}
+	return max(cp.Applied, info.AckFloor.Stream), nil
 }
 
 func (c *cpCache) drop(lane string) {

@@ -152,6 +152,10 @@ func workerPublish(worker, instance string) []string {
 	for _, key := range events.InstanceKeys(worker, instance) {
 		out = append(out, kv+key, direct+key)
 	}
+	// The upgrade record, read only: it says which unsigned documents are
+	// the previous version's. Only the operator writes it, and a reader
+	// believes it only with the operator's signature.
+	out = append(out, direct+events.UpgradeKey)
 	return append(out, events.OutcomeSubject(worker, instance), events.DLQSubject(worker, instance))
 }
 
