@@ -24,8 +24,10 @@ import (
 	"github.com/compose-spec/compose-go/v2/cli"
 	"github.com/compose-spec/compose-go/v2/types"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/natsauth"
 	"github.com/steward-dev/steward/internal/signing"
 	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers"
@@ -700,6 +702,34 @@ func testCompose(t *testing.T, name string, files []string, replicas, natsNodes 
 		}
 	}
 
+	// The box's own credentials, as an attacker holding them would use
+	// them: reflect direct gets of its own key into the credential's and
+	// the provision's checkpoints, each claiming a sequence far beyond the
+	// stream (docs/design.md §7). The next signed rotation and grant apply
+	// all the same.
+	attacks := reflectAsBox(t, b, r.env(p.Services["join"])["STEWARD_NATS_CREDS"], box, map[string]string{
+		"credential": events.CheckpointKey("credential", hive, events.TypeCredentialRotated, hive),
+		"provision":  events.CheckpointKey("provision", machine, events.TypeGrantChanged, machine),
+	})
+	rotated2 := newEvent(events.TypeCredentialRotated, hive, events.CredentialRotated{
+		Hive: hive, Version: 2, ClientID: "compose-client-2",
+		Secret: encryptTo(t, recipientOf(t, filepath.Join(keys, "hive.pub")), "compose-secret-2"),
+	})
+	granted2 := grant(t, "", recipientOf(t, filepath.Join(keys, "machine.pub")), machine, 2, "compose_app")
+	withstood := 0
+	for _, c := range []check{{"credential", hive, rotated2, "applied"}, {"provision", machine, granted2, "applied"}} {
+		id := r.post(ingress, strings.TrimSpace(string(token)), c.e).ID
+		o := waitOutcome(t, b, c.worker, c.instance, id, time.Minute)
+		if want := "dev.steward." + outcomeNoun(c.worker) + "." + c.outcome + ".v1"; o.Type() != want {
+			t.Errorf("after the box forged %s's checkpoint: outcome %s (%s); want %s", c.worker, o.Type(), o.Data(), want)
+			continue
+		}
+		withstood++
+	}
+	if raw, err := os.ReadFile(filepath.Join(credDir, "client_id")); err != nil || strings.TrimSpace(string(raw)) != "compose-client-2" {
+		t.Errorf("after the forgery, client_id %q (%v); want version 2 applied", raw, err)
+	}
+
 	// What must survive a restart does: stop everything, start it again
 	// on the same volumes, and send the same changes again under new ids.
 	// Each worker finds its state where compose keeps it and does nothing.
@@ -737,7 +767,8 @@ func testCompose(t *testing.T, name string, files []string, replicas, natsNodes 
 
 	figures := []any{"services", len(p.Services), "steward_services", len(stewardNames), "nats_nodes", len(natsNames), "replicas", replicas,
 		"events", len(checks), "outcomes_ok", outcomesOK, "dead_lettered", dead, "lost", len(checks) - outcomesOK,
-		"policy_restarts", r.restarts, "up_in", round(upIn), "handled_in", round(handledIn)}
+		"policy_restarts", r.restarts, "up_in", round(upIn), "handled_in", round(handledIn),
+		"forgeries_reflected", attacks, "forgeries_withstood", fmt.Sprintf("%d/2", withstood)}
 	if restartAll {
 		figures = append(figures, "full_restart_ready_in", round(restartedIn), "state_kept", fmt.Sprintf("%d/4", kept))
 	}
@@ -760,4 +791,52 @@ func outcomeNoun(worker string) string {
 		return provision.OutcomeNoun
 	}
 	return worker
+}
+
+// reflectAsBox connects with the box's credentials and has the server
+// store, under each victim key, a document the box shaped: it stores
+// {"applied":1000000000} under its own key, then asks for a direct get of
+// it with the victim's key as the reply subject. NATS never checks a reply
+// subject; the bucket stores the answer. It returns how many landed, as
+// the operator's connection op reads them back.
+func reflectAsBox(t *testing.T, op *bus, creds, box string, victims map[string]string) int {
+	t.Helper()
+	raw, err := os.ReadFile(creds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(op.nc.ConnectedUrl(), nats.UserCredentials(creds), nats.CustomInboxPrefix(natsauth.CredsInboxPrefix(raw)))
+	if err != nil {
+		t.Fatalf("connect as the box: %v", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := "$KV." + events.CheckpointBucket + "."
+	own := "cp.join." + box + ".forged"
+	if _, err := js.Publish(context.Background(), kv+own, []byte(`{"applied":1000000000}`)); err != nil {
+		t.Fatalf("the box may write its own key: %v", err)
+	}
+	bucket, err := op.js.KeyValue(context.Background(), events.CheckpointBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	landed := 0
+	for worker, key := range victims {
+		if err := nc.PublishRequest("$JS.API.DIRECT.GET.KV_"+events.CheckpointBucket+"."+kv+own, kv+key, nil); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the forged checkpoint of "+worker+" is stored", 10*time.Second, func() (bool, string) {
+			e, err := bucket.Get(context.Background(), key)
+			if err != nil {
+				return false, err.Error()
+			}
+			return strings.Contains(string(e.Value()), "1000000000"), string(e.Value())
+		})
+		landed++
+		t.Logf("the box reflected a checkpoint into %s's %s", worker, key)
+	}
+	return landed
 }
