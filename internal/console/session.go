@@ -189,10 +189,24 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request, _ *session) {
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }
 
-// safeNext keeps a redirect after login on this console: a path, never
-// another host ("//evil", "/\evil").
+// safeNext keeps a redirect after login (or after an action) on this
+// console: only a path of it, otherwise "/". A browser resolves a
+// Location header leniently (it drops tabs and newlines, reads a backslash
+// as a slash), so "/\t/evil.example" becomes "//evil.example", another
+// host; hence any control character or backslash is refused outright, and
+// what is left must parse as a path with no scheme, no host and no
+// opaque part.
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") || strings.HasPrefix(next, "/login") {
+	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/login") {
+		return "/"
+	}
+	for _, c := range next {
+		if c < 0x20 || c == 0x7f || c == '\\' || (c >= 0x80 && c < 0xa0) {
+			return "/"
+		}
+	}
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.Opaque != "" || u.User != nil || !strings.HasPrefix(u.Path, "/") || strings.HasPrefix(u.Path, "//") {
 		return "/"
 	}
 	return next
