@@ -256,8 +256,12 @@ func (g *Gate) verified(e event.Event, key string) (uint64, error) {
 // audit publishes a on steward.outcomes.ingress.<token> and waits for the
 // stream to store it.
 func (g *Gate) audit(ctx context.Context, a Signed) error {
-	e, err := events.New(TypeSigned, a.Token, a)
-	if err != nil {
+	// Built by hand: an audit event is no desired state, so it is not in
+	// events' catalog of types (events.New refuses it).
+	e := event.New()
+	e.SetType(TypeSigned)
+	e.SetSubject(a.Token)
+	if err := e.SetData(events.ContentTypeJSON, a); err != nil {
 		return err
 	}
 	e.SetID(ulid.Make().String())
