@@ -185,4 +185,3 @@ func longType(t string) string {
 	}
 	return "dev.steward." + t + ".v1"
 }
-
