@@ -546,6 +546,11 @@ func devScopedToken(opG *globals, dir, tokensDir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if signer == nil {
+		// Operator credentials from before document keys: dev runs, and
+		// its ingress and console sign nothing until they are issued again.
+		return "", nil
+	}
 	secret := tokens.NewSecret()
 	sealed, err := tokens.Seal(signer, tokens.Document{V: 1, Name: name, TokenSHA256: tokens.HashSecret(secret),
 		Types: []string{events.TypeCredentialRotated, events.TypeGrantChanged}, Keys: []string{credential.DevHive, provision.DevMachine},
