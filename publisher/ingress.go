@@ -31,9 +31,20 @@ const DefaultMaxBody = 1 << 20
 
 // IngressConfig configures an Ingress.
 type IngressConfig struct {
-	// Token is the bearer token every request must carry. Required: the
-	// ingress publishes to the bus, so it is never open.
+	// Token is the one unscoped bearer token (--token-file): its caller is
+	// Caller{Token: LegacyToken}. Token or Tokens is required: the ingress
+	// publishes to the bus, so it is never open.
 	Token string
+	// Tokens authenticates scoped tokens (steward token issue); nil
+	// accepts only Token.
+	Tokens Tokens
+	// Sign runs on every event of an authenticated request after it is
+	// decoded and validated, and before anything of the request is
+	// stored: it returns the event to store (signed, for the types that
+	// must be), or an error that refuses the whole request (wrap
+	// ErrForbidden for 403, ErrUnavailable for 503; anything else is
+	// 400). Nil stores events as they came.
+	Sign SignHook
 	// MaxBody is the largest request body accepted, in bytes (default
 	// DefaultMaxBody).
 	MaxBody int64
@@ -42,6 +53,44 @@ type IngressConfig struct {
 	Log zerolog.Logger
 }
 
+// LegacyToken names the caller of the unscoped IngressConfig.Token.
+const LegacyToken = "ingress-token"
+
+// Caller is who an ingress request (or a console login) authenticated as.
+// The ingress hands it to the Sign hook, so what may be signed is decided
+// by who asks, not by holding some token.
+type Caller struct {
+	// Token names the token: a scoped token's name, or LegacyToken.
+	Token string
+	// Scoped is true for a token issued as a document (Tokens), false for
+	// the unscoped IngressConfig.Token.
+	Scoped bool
+	// Via says where the request came in ("ingress", "console"), for the
+	// audit trail.
+	Via string
+}
+
+// Tokens authenticates scoped bearer tokens.
+type Tokens interface {
+	// Authenticate returns the caller token is issued to, and false when
+	// it is no current token (unknown, revoked, expired). It compares in
+	// constant time and never logs or returns the token.
+	Authenticate(token string) (Caller, bool)
+}
+
+// SignHook is IngressConfig.Sign: it sees each validated event with the
+// caller that sent it.
+type SignHook func(ctx context.Context, caller Caller, e event.Event) (event.Event, error)
+
+// Errors a SignHook wraps to choose the ingress's answer.
+var (
+	// ErrForbidden: the caller may not have this event stored (403).
+	ErrForbidden = errors.New("forbidden")
+	// ErrUnavailable: what the decision needs cannot be read now (503,
+	// with Retry-After).
+	ErrUnavailable = errors.New("unavailable")
+)
+
 // Ingress is the HTTP entry for consoles that cannot speak NATS: POST
 // /events takes CloudEvents over HTTP in binary mode (ce-* headers),
 // structured mode (application/cloudevents+json) or batch mode
@@ -49,20 +98,25 @@ type IngressConfig struct {
 // validation as Publish, and publishes them.
 type Ingress struct {
 	pub       *Publisher
+	legacy    bool
 	tokenHash [sha256.Size]byte
+	tokens    Tokens
+	sign      SignHook
 	maxBody   int64
 	log       zerolog.Logger
 }
 
 // NewIngress returns the ingress publishing through p.
 func NewIngress(p *Publisher, cfg IngressConfig) (*Ingress, error) {
-	if strings.TrimSpace(cfg.Token) == "" {
-		return nil, errors.New("the ingress token is empty: give --token or --token-file, since an open ingress would let anyone publish")
+	legacy := strings.TrimSpace(cfg.Token) != ""
+	if !legacy && cfg.Tokens == nil {
+		return nil, errors.New("the ingress has no token: give --token-file or --tokens-dir, since an open ingress would let anyone publish")
 	}
 	if cfg.MaxBody <= 0 {
 		cfg.MaxBody = DefaultMaxBody
 	}
-	return &Ingress{pub: p, tokenHash: sha256.Sum256([]byte(cfg.Token)), maxBody: cfg.MaxBody, log: cfg.Log}, nil
+	return &Ingress{pub: p, legacy: legacy, tokenHash: sha256.Sum256([]byte(strings.TrimSpace(cfg.Token))), tokens: cfg.Tokens,
+		sign: cfg.Sign, maxBody: cfg.MaxBody, log: cfg.Log}, nil
 }
 
 // IngressResponse is the JSON body of every ingress response: the stored
@@ -83,7 +137,8 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		in.refuse(w, r, http.StatusMethodNotAllowed, IngressResponse{Error: fmt.Sprintf("method %s is not allowed: events are sent with POST", r.Method)})
 		return
 	}
-	if challenge, reason := in.authorize(r); challenge != "" {
+	caller, challenge, reason := in.authorize(r)
+	if challenge != "" {
 		// The body of a caller without the token is never read, and its
 		// connection is closed after the answer: holding it open (or
 		// trickling a body into it) costs an unauthenticated client
@@ -119,6 +174,26 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	// The hook sees only valid events (a signature vouches for nothing the
+	// schema refuses), all of them before any is stored.
+	if in.sign != nil {
+		for i := range list {
+			out, err := in.sign(r.Context(), caller, list[i])
+			if err != nil {
+				status := http.StatusBadRequest
+				switch {
+				case errors.Is(err, ErrForbidden):
+					status = http.StatusForbidden
+				case errors.Is(err, ErrUnavailable):
+					status = http.StatusServiceUnavailable
+					w.Header().Set("Retry-After", "5")
+				}
+				in.reply(w, r, status, IngressResponse{Error: describe(len(list), i, err)})
+				return
+			}
+			list[i] = out
+		}
+	}
 	acks := make([]Ack, 0, len(list))
 	for i, e := range list {
 		ack, err := in.pub.Publish(r.Context(), e)
@@ -140,25 +215,35 @@ func (in *Ingress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	in.reply(w, r, http.StatusAccepted, IngressResponse{Events: acks})
 }
 
-// authorize returns "" when the request carries the token, or the
+// authorize returns the caller when the request carries a token, or the
 // challenge (RFC 6750: no error code when no token was sent) and reason to
 // refuse it with.
-func (in *Ingress) authorize(r *http.Request) (challenge, reason string) {
+func (in *Ingress) authorize(r *http.Request) (caller Caller, challenge, reason string) {
 	const realm = `Bearer realm="steward"`
 	h := r.Header.Get("Authorization")
 	if h == "" {
-		return realm, "no Authorization header: send Authorization: Bearer <token>"
+		return Caller{}, realm, "no Authorization header: send Authorization: Bearer <token>"
 	}
 	scheme, token, ok := strings.Cut(h, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return realm + `, error="invalid_request"`, "the Authorization header is not a bearer token: send Authorization: Bearer <token>"
+		return Caller{}, realm + `, error="invalid_request"`, "the Authorization header is not a bearer token: send Authorization: Bearer <token>"
 	}
+	token = strings.TrimSpace(token)
 	// Hashing first makes the comparison constant-time in the length too.
-	got := sha256.Sum256([]byte(strings.TrimSpace(token)))
-	if subtle.ConstantTimeCompare(got[:], in.tokenHash[:]) != 1 {
-		return realm + `, error="invalid_token"`, "the bearer token is not the ingress token"
+	got := sha256.Sum256([]byte(token))
+	legacy := subtle.ConstantTimeCompare(got[:], in.tokenHash[:]) == 1 && in.legacy
+	if in.tokens != nil {
+		// Asked whatever the legacy comparison found, so the time taken
+		// does not tell which kind of token matched.
+		if c, ok := in.tokens.Authenticate(token); ok && !legacy {
+			c.Via = "ingress"
+			return c, "", ""
+		}
 	}
-	return "", ""
+	if legacy {
+		return Caller{Token: LegacyToken, Via: "ingress"}, "", ""
+	}
+	return Caller{}, realm + `, error="invalid_token"`, "the bearer token is not one this ingress accepts (the ingress token, or a scoped token not revoked or expired): ask the operator for one (steward token issue)"
 }
 
 // decodeRequest reads the CloudEvents of a request in any of the three HTTP

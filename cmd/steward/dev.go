@@ -27,8 +27,10 @@ import (
 	"github.com/steward-dev/steward/internal/natsauth"
 	"github.com/steward-dev/steward/internal/pgserver"
 	"github.com/steward-dev/steward/internal/signing"
+	"github.com/steward-dev/steward/internal/tokens"
 	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/credential"
 	"github.com/steward-dev/steward/workers/provision"
 )
 
@@ -205,13 +207,19 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, o 
 		}
 		return nil
 	}
-	mux, err := ingressMux(g, pubJS, reg, token, publisher.DefaultMaxBody, ready, signer)
+	tokensDir := filepath.Join(dir, "tokens")
+	scoped, err := devScopedToken(opG, dir, tokensDir)
 	if err != nil {
 		return err
 	}
+	in, err := newIngress(g.as(publisherCreds), pubNC, pubJS, reg, ingressOptions{token: token, tokensDir: tokensDir, signer: signer}, ready)
+	if err != nil {
+		return err
+	}
+	mux := in.mux
 	// The console reads what operators read, so it uses the operator's
 	// connection; the ingress stays a publisher.
-	if err := mountConsole(mux, opG, js, token, consoleSigner(signer)); err != nil {
+	if err := mountConsole(mux, opG, js, token, in); err != nil {
 		return err
 	}
 	bound, stopHTTP, err := serveHTTP(ctx, g.log, o.httpListen, mux)
@@ -220,7 +228,8 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, o 
 	}
 	defer stopHTTP()
 	base := "http://" + bound
-	fmt.Fprintf(out, "console: %s/  (log in with the token)\n", base)
+	fmt.Fprintf(out, "console: %s/  (log in with the token; with the scoped token in %s to publish %s's rotations and %s's grants)\n", base, filepath.Join(dir, devScopedTokenFile), credential.DevHive, provision.DevMachine)
+	_ = scoped
 	fmt.Fprintf(out, "ingress: POST %s%s  (bearer token %s, kept in %s)\n", base, publisher.IngressPath, token, filepath.Join(dir, tokenFile))
 	fmt.Fprintf(out, "metrics and health: %s/metrics  %s/healthz  %s/readyz\n", base, base, base)
 	pg = <-pgDone
@@ -511,6 +520,51 @@ func devToken(path string) (string, error) {
 		return "", fmt.Errorf("ingress token: %w", err)
 	}
 	return tok, nil
+}
+
+// devScopedTokenFile is where dev keeps the secret of its scoped token, the
+// one the console and the ingress sign its hive's rotations and its
+// machine's grants for.
+const devScopedTokenFile = "scoped-token"
+
+// devScopedToken issues (once) the scoped token "dev" into tokensDir,
+// signed with the operator's document key, for dev's own hive and machine
+// with a window of 1000, and returns its secret. The ingress token stays
+// unscoped and never has anything signed.
+func devScopedToken(opG *globals, dir, tokensDir string) (string, error) {
+	const name = "dev"
+	secretPath := filepath.Join(dir, devScopedTokenFile)
+	if err := os.MkdirAll(tokensDir, 0o700); err != nil {
+		return "", fmt.Errorf("tokens folder: %w", err)
+	}
+	if raw, err := os.ReadFile(secretPath); err == nil {
+		if _, err := os.Stat(tokens.PathOf(tokensDir, name)); err == nil {
+			return strings.TrimSpace(string(raw)), nil
+		}
+	}
+	signer, _, err := opG.documentKeys(events.OperatorWriter)
+	if err != nil {
+		return "", err
+	}
+	if signer == nil {
+		// Operator credentials from before document keys: dev runs, and
+		// its ingress and console sign nothing until they are issued again.
+		return "", nil
+	}
+	secret := tokens.NewSecret()
+	sealed, err := tokens.Seal(signer, tokens.Document{V: 1, Name: name, TokenSHA256: tokens.HashSecret(secret),
+		Types: []string{events.TypeCredentialRotated, events.TypeGrantChanged}, Keys: []string{credential.DevHive, provision.DevMachine},
+		Window: 1000, IssuedAt: time.Now().UTC().Format(time.RFC3339)})
+	if err != nil {
+		return "", err
+	}
+	if err := atomicfile.Write(secretPath, []byte(secret+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("scoped token: %w", err)
+	}
+	if err := tokens.Write(tokensDir, name, sealed); err != nil {
+		return "", err
+	}
+	return secret, nil
 }
 
 func printHowToPublish(out io.Writer, natsURL, base, token, publisherCreds string) {

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/cloudevents/sdk-go/v2/event"
@@ -29,6 +31,8 @@ type publishFlags struct {
 	// signingKey is the controller's private key that signs
 	// credential.rotated and grant.changed.
 	signingKey string
+	// yes confirms signing the records of --file, after their summary.
+	yes bool
 }
 
 func newPublishCmd(g *globals) *cobra.Command {
@@ -48,9 +52,13 @@ the plaintext never travels (credential.rotated).
 With --signing-key (the controller's ed25519 private key, steward keys --kind
 controller) every credential.rotated and grant.changed event is signed after
 it is validated: a DSSE envelope naming the hive or machine and binding every
-field, the secrets by their ciphertext's SHA-256, replacing any envelope it
-held. The credential and provision workers refuse these types unsigned, so a
-recorded stream is republished signed with --file and --signing-key.
+field, the secrets by their ciphertext's SHA-256. The key signs only desired
+state handed to it as such: with --file, each line must be a record of
+{type, key, data} and nothing else (the controller's own source of truth),
+never an exported stream (id, source, time) nor data that already holds an
+envelope, since a stream holds whatever anyone who may publish stored in it.
+The records' keys, versions and generations are printed, and nothing is
+signed or published without --yes.
 
 Each stored event is printed with its stream sequence and whether JetStream
 already held it (duplicate=true: same id inside the dedupe window, nothing new
@@ -60,16 +68,32 @@ second.`,
   steward publish --type dev.steward.credential.rotated.v1 \
     --data '{"hive":"dev","version":2,"clientId":"client-2"}' \
     --secret-file ./secret.txt --recipient ./age.pub --signing-key ./controller.key
-  steward publish --file events.jsonl --signing-key ./controller.key`,
+  steward publish --file desired.jsonl --signing-key ./controller.key --yes`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			list, err := f.events(cmd.InOrStdin())
+			var list []event.Event
+			var err error
+			if f.file != "" && f.signingKey != "" {
+				list, err = f.desired()
+			} else {
+				list, err = f.events(cmd.InOrStdin())
+			}
 			if err != nil {
 				return err
 			}
 			signer, err := loadSigner(f.signingKey)
 			if err != nil {
 				return err
+			}
+			if f.file != "" && signer != nil {
+				// The operator reads what the key is about to vouch for
+				// before it does.
+				if err := summarize(cmd.OutOrStdout(), list); err != nil {
+					return err
+				}
+				if !f.yes {
+					return fmt.Errorf("%d records of %s would be signed with the controller key, as listed above; check the versions and generations, then run again with --yes. Nothing was signed or published", len(list), f.file)
+				}
 			}
 			p := publisher.New(nil, publisher.WithSource(cliSource))
 			for i := range list {
@@ -132,7 +156,8 @@ second.`,
 	fs.StringVar(&f.file, "file", "", "publish every event of this JSONL file instead (JSON event format, one per line)")
 	fs.StringVar(&f.secretFile, "secret-file", "", "encrypt this file's content to --recipient and set it as data.secret")
 	fs.StringVar(&f.recipient, "recipient", "", "the age recipient (age1...) for --secret-file, or a file holding it")
-	fs.StringVar(&f.signingKey, "signing-key", "", "the controller's ed25519 private key (PEM) that signs credential.rotated and grant.changed")
+	fs.StringVar(&f.signingKey, "signing-key", "", "the controller's ed25519 private key (PEM) that signs credential.rotated and grant.changed; with --file, the file holds {type, key, data} records only")
+	fs.BoolVar(&f.yes, "yes", false, "with --file and --signing-key: sign and publish the records listed")
 	return cmd
 }
 
@@ -201,6 +226,90 @@ func (f *publishFlags) events(stdin io.Reader) ([]event.Event, error) {
 		e.SetID(f.id)
 	}
 	return []event.Event{e}, nil
+}
+
+// desiredFields are the only fields of a record of desired state.
+var desiredFields = []string{"type", "key", "data"}
+
+// desired reads --file as desired state for the controller key to sign:
+// one {type, key, data} record a line. Anything else (an exported event's
+// id, source, time or specversion, data already holding an envelope) is
+// refused with the line, the field and the rule: what the key signs must
+// come from its author's own source of truth, never from a stream that
+// anyone who may publish can write into.
+func (f *publishFlags) desired() ([]event.Event, error) {
+	if f.typ != "" || f.data != "" || f.key != "" || f.id != "" || f.secretFile != "" {
+		return nil, errors.New("--file publishes the records of a file; it does not go with --type, --key, --data, --id or --secret-file")
+	}
+	raw, err := os.ReadFile(f.file)
+	if err != nil {
+		return nil, fmt.Errorf("--file: %w", err)
+	}
+	var list []event.Event
+	for i, line := range strings.Split(string(raw), "\n") {
+		n := i + 1
+		if line = strings.TrimSpace(line); line == "" {
+			continue
+		}
+		var rec map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(line), &rec); err != nil || rec == nil {
+			return nil, fmt.Errorf("--file %s line %d is not a JSON object; with --signing-key each line is a {type, key, data} record, so nothing was signed or published", f.file, n)
+		}
+		fields := slices.Sorted(maps.Keys(rec))
+		for _, field := range fields {
+			if !slices.Contains(desiredFields, field) {
+				return nil, fmt.Errorf("--file %s line %d has field %q: with --signing-key a line is desired state, {type, key, data} and nothing else (rule: no id, source, time or other envelope, so an exported stream is never signed); republish from the controller's own records of what it wants. Nothing was signed or published", f.file, n, field)
+			}
+		}
+		for _, field := range desiredFields {
+			if _, ok := rec[field]; !ok {
+				return nil, fmt.Errorf("--file %s line %d has no %q: a record of desired state is {type, key, data}. Nothing was signed or published", f.file, n, field)
+			}
+		}
+		var typ, key string
+		if json.Unmarshal(rec["type"], &typ) != nil || json.Unmarshal(rec["key"], &key) != nil {
+			return nil, fmt.Errorf("--file %s line %d: type and key must be strings. Nothing was signed or published", f.file, n)
+		}
+		if _, ok := events.Lookup(typ); !ok {
+			return nil, fmt.Errorf("--file %s line %d: type %q is not a Steward event type (one of %s). Nothing was signed or published", f.file, n, typ, strings.Join(typeNames(), ", "))
+		}
+		var data map[string]json.RawMessage
+		if err := json.Unmarshal(rec["data"], &data); err != nil || data == nil {
+			return nil, fmt.Errorf("--file %s line %d: data is not a JSON object. Nothing was signed or published", f.file, n)
+		}
+		if _, ok := data["envelope"]; ok && signing.MustSign(typ) {
+			return nil, fmt.Errorf("--file %s line %d: data has an envelope: desired state is handed to the key unsigned (rule: a record that already carries a signature was copied from somewhere, not written by its author). Nothing was signed or published", f.file, n)
+		}
+		e := event.New()
+		e.SetType(typ)
+		e.SetSubject(key)
+		if err := e.SetData(events.ContentTypeJSON, json.RawMessage(rec["data"])); err != nil {
+			return nil, fmt.Errorf("--file %s line %d: %w", f.file, n, err)
+		}
+		e.SetSource(cliSource)
+		if f.source != "" {
+			e.SetSource(f.source)
+		}
+		list = append(list, e)
+	}
+	if len(list) == 0 {
+		return nil, fmt.Errorf("--file %s holds no records", f.file)
+	}
+	return list, nil
+}
+
+// summarize prints, per key, what the controller key is about to sign.
+func summarize(w io.Writer, list []event.Event) error {
+	t := newTable(w, "TYPE", "KEY", "VERSION", "GENERATION", "SIGNED")
+	for _, e := range list {
+		var d struct {
+			Version    json.RawMessage `json:"version"`
+			Generation json.RawMessage `json:"generation"`
+		}
+		_ = json.Unmarshal(e.Data(), &d)
+		t.row(shortType(e.Type()), e.Subject(), strings.Trim(string(d.Version), `"`), string(d.Generation), fmt.Sprint(signing.MustSign(e.Type())))
+	}
+	return t.flush()
 }
 
 // loadSigner reads the controller's signing key; "" is none. It is the one

@@ -1,24 +1,13 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
-	"slices"
 	"strings"
 	"time"
-
-	"github.com/cloudevents/sdk-go/v2/binding"
-	"github.com/cloudevents/sdk-go/v2/event"
-	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
-	"github.com/rs/zerolog"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -26,14 +15,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/steward-dev/steward/events"
-	"github.com/steward-dev/steward/internal/console"
 	"github.com/steward-dev/steward/internal/signing"
+	"github.com/steward-dev/steward/internal/tokens"
 	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers"
 )
 
 func newServeCmd(g *globals) *cobra.Command {
-	var listen, token, tokenFile, signingKey string
+	var listen, token, tokenFile, signingKey, tokensDir, controllerKey string
 	var maxBody int64
 	var hc publisher.ServerConfig
 	cmd := &cobra.Command{
@@ -54,11 +43,17 @@ connections at once. A request without the token is answered 401 without its
 body being read, and its connection is closed.
 
 credential.rotated and grant.changed hand out access, so workers take them
-only signed by the controller. With --signing-key (the controller's ed25519
-private key) the ingress validates each such event of an authenticated caller
-and signs it before it is stored, and the console signs what it publishes
-with the same key; without one it refuses them with 403 naming the rule, and
-the console says it cannot publish them.`,
+only signed by the controller, and the ingress signs them (--signing-key, the
+controller's ed25519 private key) only for a scoped token: a token the
+operator issued with steward token issue, whose document in --tokens-dir names
+the types it may publish, the hives or machines, and the window above the
+newest signed version or generation stored on the key. Every signature is an
+audit event on steward.outcomes.ingress.<token>. The folder is read again on
+every request, so steward token revoke ends a token at once. The console's
+login takes the same tokens and signs through the same check.
+
+The unscoped --token-file token publishes only release.published,
+invitation.written and hostfloor.published: it never has anything signed.`,
 		Example: `  STEWARD_TOKEN_FILE=/run/secrets/ingress-token steward serve --listen :8443 \
     --tls-cert /etc/steward/ingress.crt --tls-key /etc/steward/ingress.key
   curl -H "Authorization: Bearer $TOKEN" -H 'ce-specversion: 1.0' \
@@ -67,7 +62,7 @@ the console says it cannot publish them.`,
     -d '{"version":"1.2.3"}' http://127.0.0.1:8080/events`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			tok, err := readToken(token, tokenFile)
+			tok, err := readToken(token, tokenFile, tokensDir != "")
 			if err != nil {
 				return err
 			}
@@ -90,13 +85,14 @@ the console says it cannot publish them.`,
 				g.log.Warn().Err(err).Msg("the streams could not be checked with these credentials; publishing needs them to exist (steward setup)")
 			}
 			reg := newRegistry()
-			mux, err := ingressMux(g, js, reg, tok, maxBody, natsReady(nc), signer)
+			in, err := newIngress(g, nc, js, reg, ingressOptions{token: tok, tokensDir: tokensDir, maxBody: maxBody, signer: signer, controllerKeys: controllerKey}, natsReady(nc))
 			if err != nil {
 				return err
 			}
+			mux := in.mux
 			// The console reads status, history and dead letters: its
 			// credentials must allow that (an operator's).
-			if err := mountConsole(mux, g, js, tok, consoleSigner(signer)); err != nil {
+			if err := mountConsole(mux, g, js, tok, in); err != nil {
 				return err
 			}
 			srv, err := publisher.NewServer(listen, mux, hc)
@@ -132,9 +128,11 @@ the console says it cannot publish them.`,
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&listen, "listen", "127.0.0.1:8080", "address the ingress listens on (:8080 is every interface: put TLS or a proxy in front)")
-	fs.StringVar(&token, "token", "", "the bearer token requests must carry (prefer --token-file: a flag shows in ps)")
-	fs.StringVar(&tokenFile, "token-file", "", "file holding the bearer token")
-	fs.StringVar(&signingKey, "signing-key", "", "the controller's ed25519 private key (PEM) that signs credential.rotated and grant.changed of authenticated callers (without it they are refused)")
+	fs.StringVar(&token, "token", "", "the unscoped bearer token (prefer --token-file: a flag shows in ps); it publishes only types the controller never signs")
+	fs.StringVar(&tokenFile, "token-file", "", "file holding the unscoped bearer token")
+	fs.StringVar(&signingKey, "signing-key", "", "the controller's ed25519 private key (PEM) that signs credential.rotated and grant.changed for scoped tokens, within their windows (without it they are refused)")
+	fs.StringVar(&tokensDir, "tokens-dir", "", "folder of scoped token documents (steward token issue --dir); read again on every request")
+	fs.StringVar(&controllerKey, "controller-key", "", "the controller public keys the newest stored event of a key is verified with, as the workers take them (default: --signing-key's public key)")
 	fs.Int64Var(&maxBody, "max-body", publisher.DefaultMaxBody, "largest request body accepted, in bytes")
 	fs.StringVar(&hc.CertFile, "tls-cert", "", "PEM certificate chain to serve HTTPS with (with --tls-key)")
 	fs.StringVar(&hc.KeyFile, "tls-key", "", "PEM private key of --tls-cert")
@@ -142,180 +140,86 @@ the console says it cannot publish them.`,
 	return cmd
 }
 
-// ingressMux serves the ingress on /events and metrics and health beside it.
-// signer signs credential.rotated and grant.changed of authenticated
-// callers; nil refuses them (signingIngress).
-func ingressMux(g *globals, js jetstream.JetStream, reg *prometheus.Registry, token string, maxBody int64, ready func() error, signer *signing.EventSigner) (*http.ServeMux, error) {
-	if maxBody <= 0 {
-		maxBody = publisher.DefaultMaxBody
+// ingressOptions are who the ingress accepts and what it may sign.
+type ingressOptions struct {
+	// token is the one unscoped token (--token-file): it publishes only
+	// types the controller never signs (tokens.UnsignedTypes).
+	token string
+	// tokensDir holds the scoped tokens' documents (--tokens-dir).
+	tokensDir string
+	maxBody   int64
+	// signer is the controller key (--signing-key); controllerKeys verify
+	// the newest event stored on a key (default: the signer's public key).
+	signer         *signing.EventSigner
+	controllerKeys string
+}
+
+// ingress is what serve and dev build from ingressOptions: the mux with
+// the ingress on /events, metrics and health beside it, and the gate and
+// tokens the console shares with it.
+type ingress struct {
+	mux    *http.ServeMux
+	gate   *tokens.Gate
+	tokens publisher.Tokens
+}
+
+// newIngress builds the ingress with its signing hook (tokens.Gate), so
+// that the ingress and the console (mountConsole) decide alike for every
+// caller. nc is the ingress's connection (a publisher's): it publishes,
+// reads the newest event of a key and writes the audit events.
+func newIngress(g *globals, nc *nats.Conn, js jetstream.JetStream, reg *prometheus.Registry, o ingressOptions, ready func() error) (*ingress, error) {
+	if o.maxBody <= 0 {
+		o.maxBody = publisher.DefaultMaxBody
 	}
 	log := g.log.With().Str("component", "ingress").Logger()
-	in, err := publisher.NewIngress(publisher.New(js, publisher.WithRegisterer(reg)), publisher.IngressConfig{
-		Token: token,
-		// signingIngress has bounded every authenticated body to maxBody
-		// already; what it hands on holds the envelopes it added too.
-		MaxBody: 2*maxBody + signedOverhead,
-		Log:     log,
-	})
+	out := &ingress{}
+	// The ingress's own identity signs its audit events, and believes
+	// token documents the operator signed (certified by its credentials'
+	// account, or pinned with --document-trust).
+	audit, verifier, err := g.documentKeys(g.credsName())
 	if err != nil {
 		return nil, err
 	}
-	mux := workers.NewServeMux(reg, ready)
-	mux.Handle(publisher.IngressPath, &signingIngress{
-		next: in, tokenHash: sha256.Sum256([]byte(token)), maxBody: maxBody,
-		signer: signer, pub: publisher.New(nil), log: log,
-	})
-	return mux, nil
-}
-
-// signedOverhead bounds what signing adds to a request beyond doubling
-// it (a grant's payload repeats its consumers): the envelopes' base64 and
-// signatures.
-const signedOverhead = 64 << 10
-
-// consoleSigner is signer as the console's hook: nil stays an untyped nil,
-// so the console knows it has none.
-func consoleSigner(signer *signing.EventSigner) console.Signer {
-	if signer == nil {
-		return nil
-	}
-	return signer
-}
-
-// signingIngress stands in front of the ingress (publisher.Ingress, which
-// has no hook of its own) and enforces docs/design.md §7 there: credential.rotated
-// and grant.changed from a caller with the bearer token are validated and
-// then signed with the controller key before the ingress stores them;
-// with no key they are refused with 403, and nothing of the request is
-// stored. Every other request goes to the ingress as it came, so its
-// answers (401 without reading the body, 404, 405, 400) stay its own.
-type signingIngress struct {
-	next      http.Handler
-	tokenHash [sha256.Size]byte
-	maxBody   int64
-	signer    *signing.EventSigner
-	// pub only prepares (fills and validates) events; it publishes none.
-	pub *publisher.Publisher
-	log zerolog.Logger
-}
-
-func (s *signingIngress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path != publisher.IngressPath || r.Method != http.MethodPost || !s.authorized(r) {
-		s.next.ServeHTTP(w, r)
-		return
-	}
-	if r.ContentLength > s.maxBody {
-		s.reply(w, r, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is %d bytes, over the limit of %d", r.ContentLength, s.maxBody))
-		return
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.maxBody))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			s.reply(w, r, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is over the limit of %d bytes", s.maxBody))
-			return
+	var dir *tokens.Dir
+	if o.tokensDir != "" {
+		if dir, err = tokens.OpenDir(o.tokensDir, verifier); err != nil {
+			return nil, fmt.Errorf("--tokens-dir: %w", err)
 		}
-		s.reply(w, r, http.StatusBadRequest, "the body could not be read: "+err.Error())
-		return
+		out.tokens = dir
 	}
-	list, err := decodeCloudEvents(r, body)
-	if err != nil || !slices.ContainsFunc(list, func(e event.Event) bool { return signing.MustSign(e.Type()) }) {
-		// Nothing to sign, or nothing the ingress can read: it answers.
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		s.next.ServeHTTP(w, r)
-		return
+	gc := tokens.GateConfig{Tokens: dir, Signer: o.signer, NC: nc, Audit: audit, Log: log}
+	if g.jsDomain != "" {
+		gc.APIPrefix = "$JS." + g.jsDomain + ".API"
 	}
-	for i := range list {
-		if !signing.MustSign(list[i].Type()) {
-			continue
+	if o.signer != nil {
+		if o.controllerKeys != "" {
+			gc.Controller, err = signing.LoadEnvelopeKeys(o.controllerKeys)
+		} else {
+			gc.Controller, err = signing.NewKeySet(o.signer.Public())
 		}
-		if s.signer == nil {
-			s.reply(w, r, http.StatusForbidden, describeIn(len(list), i, fmt.Sprintf(
-				"%s for %s must be signed by the controller (docs/design.md §7: desired state that hands out access is accepted only signed), and this ingress has no --signing-key, so nothing of the request was stored; start steward serve with --signing-key, or publish it with steward publish --signing-key",
-				list[i].Type(), list[i].Subject())))
-			return
-		}
-		// Validated first: the signature vouches only for data the schema
-		// takes.
-		if _, err := s.pub.Prepare(&list[i]); err != nil {
-			s.reply(w, r, http.StatusBadRequest, describeIn(len(list), i, err.Error()))
-			return
-		}
-		signed, err := s.signer.Sign(r.Context(), list[i])
 		if err != nil {
-			s.reply(w, r, http.StatusBadRequest, describeIn(len(list), i, err.Error()+"; nothing of the request was stored"))
-			return
+			return nil, fmt.Errorf("--controller-key: %w", err)
 		}
-		list[i] = signed
 	}
-	raw, err := json.Marshal(list)
+	if out.gate, err = tokens.NewGate(gc); err != nil {
+		return nil, err
+	}
+	cfg := publisher.IngressConfig{Token: o.token, Sign: out.gate.Hook(), MaxBody: o.maxBody, Log: log}
+	if out.tokens != nil {
+		cfg.Tokens = out.tokens
+	}
+	in, err := publisher.NewIngress(publisher.New(js, publisher.WithRegisterer(reg)), cfg)
 	if err != nil {
-		s.reply(w, r, http.StatusInternalServerError, "the signed events could not be encoded: "+err.Error())
-		return
+		return nil, err
 	}
-	// Handed on as a batch: the ingress answers for each event as it
-	// would have, in the same order.
-	out := r.Clone(r.Context())
-	for name := range out.Header {
-		if strings.HasPrefix(strings.ToLower(name), "ce-") {
-			out.Header.Del(name)
-		}
-	}
-	out.Header.Set("Content-Type", "application/cloudevents-batch+json")
-	out.Body = io.NopCloser(bytes.NewReader(raw))
-	out.ContentLength = int64(len(raw))
-	s.next.ServeHTTP(w, out)
+	out.mux = workers.NewServeMux(reg, ready)
+	out.mux.Handle(publisher.IngressPath, in)
+	return out, nil
 }
 
-// authorized is the ingress's own token check (constant time in the
-// token's content and length); a caller without it is the ingress's to
-// answer, with 401 and without its body being read.
-func (s *signingIngress) authorized(r *http.Request) bool {
-	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return false
-	}
-	got := sha256.Sum256([]byte(strings.TrimSpace(tok)))
-	return subtle.ConstantTimeCompare(got[:], s.tokenHash[:]) == 1
-}
-
-func (s *signingIngress) reply(w http.ResponseWriter, r *http.Request, status int, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(publisher.IngressResponse{Error: msg})
-	s.log.Warn().Str("error", msg).Str("method", r.Method).Str("path", r.URL.Path).Int("status", status).Msg("ingress request")
-}
-
-// describeIn names the event a refusal is about when the request held
-// several, as the ingress does.
-func describeIn(n, i int, msg string) string {
-	if n == 1 {
-		return msg
-	}
-	return fmt.Sprintf("event %d of %d in the batch (counting from 0): %s", i, n, msg)
-}
-
-// decodeCloudEvents reads the CloudEvents of a request in any of the three
-// HTTP content modes, as the ingress does.
-func decodeCloudEvents(r *http.Request, body []byte) ([]event.Event, error) {
-	msg := cehttp.NewMessage(r.Header, io.NopCloser(bytes.NewReader(body)))
-	defer msg.Finish(nil)
-	ctx := context.WithoutCancel(r.Context())
-	switch msg.ReadEncoding() {
-	case binding.EncodingBatch:
-		return binding.ToEvents(ctx, msg, bytes.NewReader(body))
-	case binding.EncodingBinary, binding.EncodingStructured:
-		e, err := binding.ToEvent(ctx, msg)
-		if err != nil {
-			return nil, err
-		}
-		return []event.Event{*e}, nil
-	}
-	return nil, errors.New("not a CloudEvent")
-}
-
-// readToken takes the token from --token or --token-file, never both.
-func readToken(token, file string) (string, error) {
+// readToken takes the unscoped token from --token or --token-file, never
+// both; none is allowed when scoped tokens are served.
+func readToken(token, file string, scoped bool) (string, error) {
 	switch {
 	case token != "" && file != "":
 		return "", errors.New("--token and --token-file both given: keep one")
@@ -328,8 +232,8 @@ func readToken(token, file string) (string, error) {
 		if token == "" {
 			return "", fmt.Errorf("--token-file %s is empty", file)
 		}
-	case token == "":
-		return "", errors.New("--token or --token-file is required: the ingress publishes to the bus and is never open")
+	case token == "" && !scoped:
+		return "", errors.New("--token, --token-file or --tokens-dir is required: the ingress publishes to the bus and is never open")
 	}
 	return token, nil
 }

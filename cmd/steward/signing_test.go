@@ -1,14 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -17,7 +13,6 @@ import (
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/agekey"
 	"github.com/steward-dev/steward/internal/signing"
-	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers/workertest"
 )
 
@@ -92,91 +87,76 @@ func TestPublishSigningKeySigns(t *testing.T) {
 	}
 }
 
-// TestIngressSignsForAuthenticatedCallersOnly is the ingress's side of
-// issue 12: without --signing-key it refuses credential.rotated and
-// grant.changed with 403 naming the rule (storing nothing of the
-// request); with one it validates, signs and stores them; a caller without
-// the token gets the ingress's 401 either way, and other types pass as
-// before.
-func TestIngressSignsForAuthenticatedCallersOnly(t *testing.T) {
+// TestPublishSigningKeyRefusesAnExportedStream is the issue's first
+// attack: a publisher identity stores an unsigned grant (generation 50, a
+// consumer whose password it chose); the worker refuses it; the old
+// recovery procedure (export the stream, keep the newest event of each
+// key, publish --file with the controller key) then had the controller
+// key sign the attacker's grant. publish --signing-key --file now takes
+// desired state only, so the exported stream is refused, naming the line,
+// the field and the rule, and nothing is signed or stored.
+func TestPublishSigningKeyRefusesAnExportedStream(t *testing.T) {
 	srv := workertest.StartServer(t)
 	js := srv.JetStream(t)
+	url := "--nats-url=" + srv.URL()
+	priv, _ := controllerPair(t)
+	workertest.PublishData(t, js, events.TypeGrantChanged, "db-1", events.GrantChanged{Machine: "db-1", Requirement: "postgres", Generation: 50, Given: []events.Given{}})
+	exported := filepath.Join(t.TempDir(), "r.jsonl")
+	ok(t, nil, "export", url, "--out", exported)
+	before := streamMsgs(t, srv.URL(), events.StreamEvents)
+
+	for _, extra := range [][]string{nil, {"--yes"}} {
+		r := run(t, nil, append([]string{"publish", url, "--file", exported, "--signing-key", priv}, extra...)...)
+		if r.code == 0 || !strings.Contains(r.stderr, "line 1 has field") || !strings.Contains(r.stderr, "{type, key, data} and nothing else") || !strings.Contains(r.stderr, "Nothing was signed or published") {
+			t.Fatalf("publish --signing-key --file of an exported stream %v: exit %d\n%s", extra, r.code, r.stderr)
+		}
+	}
+	// Reduced to {type, key, data} by hand, the grant still carries
+	// nothing of its author's: but a copy of a signed one is refused by its
+	// envelope.
+	signedCopy := filepath.Join(t.TempDir(), "copy.jsonl")
+	os.WriteFile(signedCopy, []byte(`{"type":"`+events.TypeGrantChanged+`","key":"db-1","data":{"machine":"db-1","requirement":"postgres","generation":51,"given":[],"envelope":{"payload":"","payloadType":"x","signatures":[]}}}`+"\n"), 0o600)
+	if r := run(t, nil, "publish", url, "--file", signedCopy, "--signing-key", priv, "--yes"); r.code == 0 || !strings.Contains(r.stderr, "data has an envelope") {
+		t.Fatalf("a record with an envelope: exit %d\n%s", r.code, r.stderr)
+	}
+	if n := streamMsgs(t, srv.URL(), events.StreamEvents); n != before {
+		t.Fatalf("%d events stored after the refusals, want %d", n, before)
+	}
+}
+
+// TestRepublishFromTheSourceOfTruth runs the README's recovery procedure:
+// the controller keeps its desired state as {type, key, data} records
+// (desired.jsonl), and republishes them signed: publish shows what the key
+// would sign per key, signs nothing without --yes, and with it stores
+// events that verify, superseding the attacker's unsigned grant.
+func TestRepublishFromTheSourceOfTruth(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	url := "--nats-url=" + srv.URL()
 	priv, keys := controllerPair(t)
-	signer, err := loadSigner(priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const token = "ingress-test-token"
-	serve := func(s *signing.EventSigner) string {
-		mux, err := ingressMux(&globals{}, js, newRegistry(), token, publisher.DefaultMaxBody, func() error { return nil }, s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ts := httptest.NewServer(mux)
-		t.Cleanup(ts.Close)
-		return ts.URL + publisher.IngressPath
-	}
-	post := func(url, tok, ctype string, body []byte, headers map[string]string) (int, publisher.IngressResponse) {
-		req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
-		if tok != "" {
-			req.Header.Set("Authorization", "Bearer "+tok)
-		}
-		req.Header.Set("Content-Type", ctype)
-		for k, v := range headers {
-			req.Header.Set(k, v)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		raw, _ := io.ReadAll(resp.Body)
-		var out publisher.IngressResponse
-		_ = json.Unmarshal(raw, &out)
-		return resp.StatusCode, out
-	}
-	binary := func(typ, key, id string) map[string]string {
-		return map[string]string{"ce-specversion": "1.0", "ce-type": typ, "ce-source": "/test", "ce-id": id, "ce-subject": key}
-	}
-	grant := []byte(`{"machine":"m1","requirement":"postgres","generation":9223372036854775807,"given":[]}`)
+	workertest.PublishData(t, js, events.TypeGrantChanged, "db-1", events.GrantChanged{Machine: "db-1", Requirement: "postgres", Generation: 50, Given: []events.Given{}})
+	before := streamMsgs(t, srv.URL(), events.StreamEvents)
 
-	unsignedURL := serve(nil)
-	code, out := post(unsignedURL, token, "application/json", grant, binary(events.TypeGrantChanged, "m1", "g-1"))
-	if code != http.StatusForbidden || !strings.Contains(out.Error, "must be signed by the controller") || !strings.Contains(out.Error, "--signing-key") {
-		t.Fatalf("an unsigned grant without a signing key: %d %q", code, out.Error)
+	desired := filepath.Join(t.TempDir(), "desired.jsonl")
+	os.WriteFile(desired, []byte(
+		`{"type":"`+events.TypeGrantChanged+`","key":"db-1","data":{"machine":"db-1","requirement":"postgres","generation":4,"given":[]}}`+"\n"+
+			`{"type":"`+events.TypeReleasePublished+`","key":"2.0.0","data":{"version":"2.0.0"}}`+"\n"), 0o600)
+	r := run(t, nil, "publish", url, "--file", desired, "--signing-key", priv)
+	if r.code == 0 || !strings.Contains(r.stdout, "grant.changed") || !strings.Contains(r.stdout, "db-1") || !strings.Contains(r.stderr, "run again with --yes") {
+		t.Fatalf("without --yes: exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 	}
-	if _, found := lastStored[events.GrantChanged](t, js, "steward.events.grant.changed.m1"); found {
-		t.Fatal("the refused grant was stored")
+	if !regexp.MustCompile(`grant\.changed\s+db-1\s+-?\s*4\s+true`).MatchString(r.stdout) {
+		t.Fatalf("the summary does not show db-1 at generation 4, signed:\n%s", r.stdout)
 	}
-	if code, _ := post(unsignedURL, "wrong", "application/json", grant, binary(events.TypeGrantChanged, "m1", "g-2")); code != http.StatusUnauthorized {
-		t.Fatalf("no token: %d, want the ingress's 401", code)
+	if n := streamMsgs(t, srv.URL(), events.StreamEvents); n != before {
+		t.Fatalf("%d events stored without --yes, want %d", n, before)
 	}
-	if code, out := post(unsignedURL, token, "application/json", []byte(`{"version":"1.0.0"}`), binary(events.TypeReleasePublished, "1.0.0", "rel-1")); code != http.StatusAccepted {
-		t.Fatalf("a release through an ingress without a key: %d %q", code, out.Error)
-	}
-
-	signedURL := serve(signer)
-	batch, _ := json.Marshal([]map[string]any{
-		{"specversion": "1.0", "type": events.TypeReleasePublished, "source": "/test", "id": "rel-2", "subject": "1.0.1", "datacontenttype": "application/json", "data": map[string]string{"version": "1.0.1"}},
-		{"specversion": "1.0", "type": events.TypeGrantChanged, "source": "/test", "id": "g-3", "subject": "m1", "datacontenttype": "application/json", "data": json.RawMessage(`{"machine":"m1","requirement":"postgres","generation":3,"given":[]}`)},
-	})
-	code, out = post(signedURL, token, "application/cloudevents-batch+json", batch, nil)
-	if code != http.StatusAccepted || len(out.Events) != 2 || out.Events[1].ID != "g-3" {
-		t.Fatalf("a batch through a signing ingress: %d %+v", code, out)
-	}
-	g, found := lastStored[events.GrantChanged](t, js, "steward.events.grant.changed.m1")
+	ok(t, nil, "publish", url, "--file", desired, "--signing-key", priv, "--yes")
+	g, found := lastStored[events.GrantChanged](t, js, "steward.events.grant.changed.db-1")
 	if !found {
-		t.Fatal("the signed grant was not stored")
+		t.Fatal("nothing stored for db-1")
 	}
-	if p, err := signing.OpenGrant(keys, g); err != nil || p.Generation != 3 {
-		t.Fatalf("the stored grant does not verify: %+v %v", p, err)
-	}
-	// Validated before it is signed: nothing invalid is vouched for.
-	code, out = post(signedURL, token, "application/json", []byte(`{"machine":"m1","requirement":"mysql","generation":4,"given":[]}`), binary(events.TypeGrantChanged, "m1", "g-4"))
-	if code != http.StatusBadRequest || !strings.Contains(out.Error, "/requirement") {
-		t.Fatalf("an invalid grant: %d %q", code, out.Error)
-	}
-	if g, _ := lastStored[events.GrantChanged](t, js, "steward.events.grant.changed.m1"); g.Generation != 3 {
-		t.Fatalf("an invalid grant was stored: generation %d", g.Generation)
+	if p, err := signing.OpenGrant(keys, g); err != nil || p.Generation != 4 || p.Machine != "db-1" {
+		t.Fatalf("db-1's republished grant: %+v %v", p, err)
 	}
 }

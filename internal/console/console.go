@@ -47,17 +47,22 @@ const Source = "/steward/console"
 // DefaultSessionTTL is how long a login lasts.
 const DefaultSessionTTL = 12 * time.Hour
 
-// Signer signs desired state that hands out access (grant.changed,
-// credential.rotated) with the controller key the server is configured
-// with (`steward serve --signing-key`). The console calls it for an
-// operator who is logged in, with the event exactly as the page sent it:
-// its secrets already sealed in the browser, so the signature is over the
-// ciphertext and the signer never sees a plaintext.
+// Signer decides what a logged-in caller may publish and signs desired
+// state that hands out access (grant.changed, credential.rotated) with the
+// controller key: the ingress's own signing hook (tokens.Gate, `steward
+// serve --signing-key`), so the console and the ingress decide the same
+// way for the same token. The console calls it with the caller its login
+// authenticated and the event exactly as the page sent it: its secrets
+// already sealed in the browser, so the signature is over the ciphertext
+// and the signer never sees a plaintext.
 type Signer interface {
-	// Sign returns the event to publish in place of e. An error is shown
-	// to the operator as it is, so it must name what is wrong and what to
-	// do, and never quote the data.
-	Sign(ctx context.Context, e event.Event) (event.Event, error)
+	// Sign returns the event to publish in place of e, or why it is
+	// refused (wrapping publisher.ErrForbidden or ErrUnavailable). An
+	// error is shown to the operator as it is, so it must name what is
+	// wrong and what to do, and never quote the data.
+	Sign(ctx context.Context, caller publisher.Caller, e event.Event) (event.Event, error)
+	// HasKey reports whether it can sign at all.
+	HasKey() bool
 }
 
 // SignedTypes are the event types that must be signed before they are
@@ -75,8 +80,11 @@ func mustSign(typ string) bool {
 
 // Config configures a Console.
 type Config struct {
-	// Token is the ingress token; it is the console's login. Required.
-	Token string
+	// Token is the unscoped ingress token, one login; Tokens are the
+	// scoped ones (steward token issue). One of them is required. What a
+	// login may publish is the Signer's to decide for its caller.
+	Token  string
+	Tokens publisher.Tokens
 	// JS is the operator's connection: the pages read status and history
 	// through it, and pause and resume act through it. Required.
 	JS jetstream.JetStream
@@ -88,8 +96,9 @@ type Config struct {
 	// Publisher publishes what the publish form sends (the ingress's and
 	// `steward publish`'s code). Required.
 	Publisher *publisher.Publisher
-	// Signer signs grant.changed and credential.rotated; nil means this
-	// console cannot publish them, and their forms say so.
+	// Signer decides for each caller and signs grant.changed and
+	// credential.rotated; nil means this console cannot publish them, and
+	// their forms say so.
 	Signer Signer
 	// SessionTTL is how long a login lasts (default DefaultSessionTTL).
 	SessionTTL time.Duration
@@ -104,6 +113,7 @@ type Config struct {
 // Console serves the web console. Mount it with Mount.
 type Console struct {
 	cfg       Config
+	hasToken  bool
 	tokenHash [sha256.Size]byte
 	sessions  *sessions
 	pages     map[string]*template.Template
@@ -116,8 +126,8 @@ type Console struct {
 // New checks cfg and returns the console.
 func New(cfg Config) (*Console, error) {
 	switch {
-	case strings.TrimSpace(cfg.Token) == "":
-		return nil, errors.New("the console needs the ingress token as its login: give --token or --token-file")
+	case strings.TrimSpace(cfg.Token) == "" && cfg.Tokens == nil:
+		return nil, errors.New("the console needs a login: the ingress token (--token-file) or scoped tokens (--tokens-dir)")
 	case cfg.JS == nil:
 		return nil, errors.New("the console has no NATS connection: it needs the operator's, to read status and history")
 	case cfg.Publisher == nil:
@@ -139,6 +149,7 @@ func New(cfg Config) (*Console, error) {
 	}
 	c := &Console{
 		cfg:       cfg,
+		hasToken:  strings.TrimSpace(cfg.Token) != "",
 		tokenHash: sha256.Sum256([]byte(strings.TrimSpace(cfg.Token))),
 		sessions:  newSessions(cfg.SessionTTL, cfg.Now),
 		pages:     pages,

@@ -97,7 +97,7 @@ func TestLoginSetsAStrictHttpOnlyCookieAndRefusesAWrongToken(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusUnauthorized || len(resp.Cookies()) != 0 || !strings.Contains(string(body), "not the ingress token") {
+	if resp.StatusCode != http.StatusUnauthorized || len(resp.Cookies()) != 0 || !strings.Contains(string(body), "not a token this console accepts") {
 		t.Fatalf("wrong token: %s, cookies %v", resp.Status, resp.Cookies())
 	}
 	resp, err = c.PostForm(r.url+"/login", url.Values{"token": {testToken}, "next": {"//evil.example/"}})

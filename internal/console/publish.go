@@ -2,6 +2,7 @@ package console
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -46,7 +47,7 @@ func (c *Console) publishPage(w http.ResponseWriter, r *http.Request, se *sessio
 		}
 		f := &publishForm{Type: typ, Schema: string(src), KeyField: k.KeyField, Signed: mustSign(typ)}
 		f.Sealed = typ == events.TypeCredentialRotated || typ == events.TypeGrantChanged
-		f.CanPublish = !f.Signed || c.cfg.Signer != nil
+		f.CanPublish = !f.Signed || c.cfg.Signer != nil && c.cfg.Signer.HasKey()
 		if !f.CanPublish {
 			f.Refusal = unsignedRefusal(typ)
 		}
@@ -74,7 +75,7 @@ type PublishResponse struct {
 // through the publisher the ingress and `steward publish` use. The data is
 // never logged: it holds ciphertext, and a refusal names fields, not
 // values.
-func (c *Console) apiPublish(w http.ResponseWriter, r *http.Request, _ *session) {
+func (c *Console) apiPublish(w http.ResponseWriter, r *http.Request, se *session) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, publisher.DefaultMaxBody))
 	if err != nil {
 		writeJSON(w, http.StatusRequestEntityTooLarge, PublishResponse{Error: fmt.Sprintf("the request is over %d bytes: publish fewer or smaller values", publisher.DefaultMaxBody)})
@@ -89,7 +90,7 @@ func (c *Console) apiPublish(w http.ResponseWriter, r *http.Request, _ *session)
 		writeJSON(w, http.StatusBadRequest, PublishResponse{Error: "not a Steward event type: pick one from the publish page"})
 		return
 	}
-	if mustSign(req.Type) && c.cfg.Signer == nil {
+	if mustSign(req.Type) && (c.cfg.Signer == nil || !c.cfg.Signer.HasKey()) {
 		writeJSON(w, http.StatusForbidden, PublishResponse{Error: unsignedRefusal(req.Type)})
 		return
 	}
@@ -110,10 +111,20 @@ func (c *Console) apiPublish(w http.ResponseWriter, r *http.Request, _ *session)
 		writeJSON(w, http.StatusBadRequest, PublishResponse{Error: err.Error()})
 		return
 	}
-	if mustSign(req.Type) {
-		signed, err := c.cfg.Signer.Sign(r.Context(), e)
+	// The ingress's own hook decides for the login's caller, for every
+	// type: a scoped token publishes only its types and keys, and has
+	// signed only what its window allows.
+	if c.cfg.Signer != nil {
+		signed, err := c.cfg.Signer.Sign(r.Context(), se.caller, e)
 		if err != nil {
-			writeJSON(w, http.StatusBadGateway, PublishResponse{Error: "signing failed, nothing was published: " + err.Error()})
+			status := http.StatusBadRequest
+			switch {
+			case errors.Is(err, publisher.ErrForbidden):
+				status = http.StatusForbidden
+			case errors.Is(err, publisher.ErrUnavailable):
+				status = http.StatusServiceUnavailable
+			}
+			writeJSON(w, status, PublishResponse{Error: err.Error()})
 			return
 		}
 		e = signed

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/steward-dev/steward/publisher"
 )
 
 // cookieName is the session cookie. The __Host- prefix (which would pin
@@ -24,6 +26,9 @@ const cookieName = "steward_console"
 type session struct {
 	csrf    string
 	expires time.Time
+	// caller is who logged in: the Signer judges each publish by it, so
+	// a token revoked after the login publishes nothing signed.
+	caller publisher.Caller
 }
 
 type sessions struct {
@@ -44,9 +49,9 @@ func randomToken() string {
 }
 
 // create starts a session and returns its id (the cookie's value).
-func (s *sessions) create() (string, *session) {
+func (s *sessions) create(caller publisher.Caller) (string, *session) {
 	id := randomToken()
-	se := &session{csrf: randomToken(), expires: s.now().Add(s.ttl)}
+	se := &session{csrf: randomToken(), expires: s.now().Add(s.ttl), caller: caller}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// Expired sessions go on every login, so the map stays bounded by
@@ -105,11 +110,23 @@ func (c *Console) setCookie(w http.ResponseWriter, r *http.Request, value string
 	})
 }
 
-// tokenMatches compares a login attempt with the ingress token in
-// constant time (hashing first makes it constant in the length too).
-func (c *Console) tokenMatches(token string) bool {
+// authenticate compares a login attempt with the ingress token in
+// constant time (hashing first makes it constant in the length too), and
+// asks the scoped tokens whatever that found, so the time taken does not
+// tell which kind matched.
+func (c *Console) authenticate(token string) (publisher.Caller, bool) {
 	got := sha256.Sum256([]byte(strings.TrimSpace(token)))
-	return subtle.ConstantTimeCompare(got[:], c.tokenHash[:]) == 1
+	legacy := c.hasToken && subtle.ConstantTimeCompare(got[:], c.tokenHash[:]) == 1
+	if c.cfg.Tokens != nil {
+		if caller, ok := c.cfg.Tokens.Authenticate(token); ok && !legacy {
+			caller.Via = "console"
+			return caller, true
+		}
+	}
+	if legacy {
+		return publisher.Caller{Token: publisher.LegacyToken, Via: "console"}, true
+	}
+	return publisher.Caller{}, false
 }
 
 // authed wraps a handler that needs a login. A page asked for without one
@@ -167,17 +184,18 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		})
 		return
 	}
-	if !c.tokenMatches(r.PostFormValue("token")) {
+	caller, ok := c.authenticate(r.PostFormValue("token"))
+	if !ok {
 		c.cfg.Log.Warn().Str("remote", r.RemoteAddr).Msg("console login refused: not the ingress token")
 		c.render(w, r, http.StatusUnauthorized, "login", nil, map[string]any{
 			"Next":  next,
-			"Error": "That is not the ingress token. The console's login is the token the ingress was started with (steward serve --token-file, or <dir>/ingress-token for steward dev).",
+			"Error": "That is not a token this console accepts. The console's login is the ingress token (steward serve --token-file, or <dir>/ingress-token for steward dev) or a scoped token the operator issued (steward token issue) that is not revoked or expired.",
 		})
 		return
 	}
-	id, _ := c.sessions.create()
+	id, _ := c.sessions.create(caller)
 	c.setCookie(w, r, id, int(c.cfg.SessionTTL/time.Second))
-	c.cfg.Log.Info().Str("remote", r.RemoteAddr).Msg("console login")
+	c.cfg.Log.Info().Str("remote", r.RemoteAddr).Str("token", caller.Token).Msg("console login")
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
@@ -189,10 +207,24 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request, _ *session) {
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }
 
-// safeNext keeps a redirect after login on this console: a path, never
-// another host ("//evil", "/\evil").
+// safeNext keeps a redirect after login (or after an action) on this
+// console: only a path of it, otherwise "/". A browser resolves a
+// Location header leniently (it drops tabs and newlines, reads a backslash
+// as a slash), so "/\t/evil.example" becomes "//evil.example", another
+// host; hence any control character or backslash is refused outright, and
+// what is left must parse as a path with no scheme, no host and no
+// opaque part.
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") || strings.HasPrefix(next, "/login") {
+	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/login") {
+		return "/"
+	}
+	for _, c := range next {
+		if c < 0x20 || c == 0x7f || c == '\\' || (c >= 0x80 && c < 0xa0) {
+			return "/"
+		}
+	}
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.Opaque != "" || u.User != nil || !strings.HasPrefix(u.Path, "/") || strings.HasPrefix(u.Path, "//") {
 		return "/"
 	}
 	return next

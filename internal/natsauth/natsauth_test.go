@@ -188,6 +188,17 @@ func TestAuthPublisher(t *testing.T) {
 	}
 	pub.noneRefused(t, "the publisher")
 
+	// Allowed: the ingress's one read, the newest event of a key's
+	// subject (its signing window's base), and its audit events.
+	m, err := pub.nc.Request("$JS.API.DIRECT.GET."+events.StreamEvents+".steward.events.release.published", nil, 5*time.Second)
+	if err != nil || m.Header.Get("Status") != "" || m.Header.Get("Nats-Sequence") != "2" {
+		t.Fatalf("the publisher's last-by-subject read: %v %v (want sequence 2, the newest release)", m, err)
+	}
+	if m, err := pub.nc.Request("steward.outcomes.ingress.ci-east", []byte(`{}`), 5*time.Second); err != nil || !strings.Contains(string(m.Data), events.StreamOutcomes) {
+		t.Fatalf("the publisher's audit event: %v %v", m, err)
+	}
+	pub.noneRefused(t, "the publisher")
+
 	key := "$KV." + natsauth.CheckpointBucket + ".cp.converge.b.release"
 	pub.refused(t, "write a checkpoint", key, func() error { return pub.nc.Publish(key, []byte(`{"seq":999}`)) })
 	if e, err := kv.Get(ctx(t), "cp.converge.b.release"); err != nil || string(e.Value()) != `{"seq":7}` || e.Revision() != 1 {
@@ -216,6 +227,11 @@ func TestAuthPublisher(t *testing.T) {
 		"$JS.API.DIRECT.GET.KV_" + natsauth.CheckpointBucket + ".$KV." + natsauth.CheckpointBucket + ".cp.converge.b.release",
 		"steward.outcomes.converge.b",
 		"steward.dlq.converge.b",
+		// The body form of the direct get reads by sequence or any
+		// subject, and could not be scoped: not granted.
+		"$JS.API.DIRECT.GET." + events.StreamEvents,
+		"$JS.API.DIRECT.GET." + events.StreamOutcomes + ".steward.outcomes.converge.b",
+		"$JS.API.STREAM.MSG.GET." + events.StreamEvents,
 	} {
 		pub.refused(t, "publish "+subj, subj, func() error { return pub.nc.Publish(subj, []byte(`{}`)) })
 	}

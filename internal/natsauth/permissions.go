@@ -96,10 +96,7 @@ func (id Identity) Permissions() Permissions {
 	case RoleOperator:
 		return Permissions{Publish: []string{">"}, Subscribe: []string{">"}}
 	case RolePublisher:
-		// Core or JetStream publishes of events; the inbox is for the
-		// stream's acknowledgements. No JetStream API at all: a publisher
-		// cannot read a stream, a checkpoint or a consumer.
-		return Permissions{Publish: []string{events.EventsPrefix + ".>"}, Subscribe: []string{inbox}}
+		return Permissions{Publish: publisherPublish(), Subscribe: []string{inbox}}
 	case RoleWorker:
 		// The stored notices (headers only: subject and sequence) wake a
 		// fleet instance reading the stream. Any worker may read any
@@ -108,6 +105,30 @@ func (id Identity) Permissions() Permissions {
 		return Permissions{Publish: workerPublish(id.Worker, id.Instance), Subscribe: []string{inbox, events.StoredPrefix + ".>", "steward.control." + id.Worker + "." + id.Instance}}
 	}
 	return Permissions{}
+}
+
+// publisherPublish is what a publisher (a pipeline, the ingress) sends.
+func publisherPublish() []string {
+	return []string{
+		// Core or JetStream publishes of events; the inbox is for the
+		// stream's acknowledgements.
+		events.EventsPrefix + ".>",
+		// The ingress signs a version or generation only within its
+		// caller's window above the newest signed event stored on that
+		// key (internal/tokens), so it reads that one event: a direct get
+		// of the last message by subject, the subject being in the API
+		// subject, so the grant reaches STEWARD_EVENTS and event subjects
+		// only. Events are desired state, and what is secret in them is
+		// encrypted to its one recipient. Not granted: the body form of
+		// the direct get (by sequence, or any subject), which could not be
+		// scoped, and every other JetStream API: a publisher cannot list
+		// a stream, read a checkpoint or touch a consumer.
+		"$JS.API.DIRECT.GET." + events.StreamEvents + "." + events.EventsPrefix + ".>",
+		// Every signature the ingress makes for a caller is an audit event
+		// on steward.outcomes.ingress.<token> (tokens.AuditWorker): no
+		// worker is named ingress, so these subjects are no instance's.
+		events.OutcomesPrefix + ".ingress.>",
+	}
 }
 
 // workerPublish is what the runtime sends, and nothing more.

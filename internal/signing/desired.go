@@ -197,6 +197,9 @@ func NewEventSigner(key crypto.Signer) (*EventSigner, error) {
 	return &EventSigner{key: key, id: id}, nil
 }
 
+// Public is the signer's public key, which verifies what it signed.
+func (s *EventSigner) Public() crypto.PublicKey { return s.key.Public() }
+
 // KeyID is the DSSE key id the signer's envelopes carry.
 func (s *EventSigner) KeyID() string { return s.id }
 
