@@ -15,7 +15,11 @@
 #                      workers verify with controller.pub
 #   hive.key/.pub      age: the credential worker's hive identity and recipient
 #   machine.key/.pub   age: the provision worker's machine identity and recipient
-#   ingress-token      the bearer token of the HTTP ingress (steward serve)
+#   ingress-token      the bearer token of the HTTP ingress (steward serve): it
+#                      publishes what needs no signature
+#   scoped-token       a token the ingress signs rotations and grants for, for
+#                      this compose's hive and machine only (tokens/, documents
+#                      signed by the operator's document key)
 #   nats/              the bus's authority (steward creds init): operator, account and
 #                      signing key seeds (0600), and one credentials file per
 #                      identity: operator.creds (the setup service), publisher.creds
@@ -78,3 +82,16 @@ creds converge converge "${CONVERGE_INSTALL:?}"
 creds join join "${JOIN_BOX:?}"
 creds credential credential "${CREDENTIAL_HIVE:?}"
 creds provision provision "${PROVISION_MACHINE:?}"
+
+# The ingress signs credential.rotated and grant.changed only for a scoped
+# token: one for this compose's own hive and machine, its document signed by
+# the operator, its secret in scoped-token (docs/design.md §7).
+if [ ! -s "$dir/scoped-token" ]; then
+  mkdir -p "$dir/tokens"
+  rm -f "$dir/tokens/compose.json"
+  STEWARD_NATS_CREDS="$dir/nats/operator.creds" steward token issue compose \
+    --types credential.rotated,grant.changed --keys "${CREDENTIAL_HIVE:?},${PROVISION_MACHINE:?}" --window 1000 \
+    --dir "$dir/tokens" --out "$dir/scoped-token.tmp"
+  mv -f "$dir/scoped-token.tmp" "$dir/scoped-token"
+  echo "keys: scoped-token written (token compose, for ${CREDENTIAL_HIVE} and ${PROVISION_MACHINE})"
+fi

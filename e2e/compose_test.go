@@ -586,6 +586,18 @@ func testCompose(t *testing.T, name string, files []string, replicas, natsNodes 
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Rotations and grants are signed by the ingress only for the scoped
+	// token the keys service issued for this hive and machine.
+	scoped, err := os.ReadFile(filepath.Join(keys, "scoped-token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenFor := func(e event.Event) string {
+		if e.Type() == events.TypeCredentialRotated || e.Type() == events.TypeGrantChanged {
+			return strings.TrimSpace(string(scoped))
+		}
+		return strings.TrimSpace(string(token))
+	}
 	ingressPort := int(p.Services["ingress"].Ports[0].Target)
 	ingress := fmt.Sprintf("http://127.0.0.1:%d%s", r.hostPort("ingress", ingressPort), publisher.IngressPath)
 	newEvent := func(typ, key string, data any) event.Event {
@@ -655,7 +667,7 @@ func testCompose(t *testing.T, name string, files []string, replicas, natsNodes 
 	published := time.Now()
 	ids := map[int]string{}
 	for i, c := range checks {
-		ids[i] = r.post(ingress, strings.TrimSpace(string(token)), c.e).ID
+		ids[i] = r.post(ingress, tokenFor(c.e), c.e).ID
 	}
 	outcomesOK := 0
 	var handledIn time.Duration
@@ -718,7 +730,7 @@ func testCompose(t *testing.T, name string, files []string, replicas, natsNodes 
 	granted2 := grant(t, "", recipientOf(t, filepath.Join(keys, "machine.pub")), machine, 2, "compose_app")
 	withstood := 0
 	for _, c := range []check{{"credential", hive, rotated2, "applied"}, {"provision", machine, granted2, "applied"}} {
-		id := r.post(ingress, strings.TrimSpace(string(token)), c.e).ID
+		id := r.post(ingress, tokenFor(c.e), c.e).ID
 		o := waitOutcome(t, b, c.worker, c.instance, id, time.Minute)
 		if want := "dev.steward." + outcomeNoun(c.worker) + "." + c.outcome + ".v1"; o.Type() != want {
 			t.Errorf("after the box forged %s's checkpoint: outcome %s (%s); want %s", c.worker, o.Type(), o.Data(), want)
@@ -755,7 +767,7 @@ func testCompose(t *testing.T, name string, files []string, replicas, natsNodes 
 		for i, c := range again {
 			e := c.e.Clone()
 			e.SetID(fmt.Sprintf("after-restart-%d", i))
-			id := r.post(ingress, strings.TrimSpace(string(token)), e).ID
+			id := r.post(ingress, tokenFor(e), e).ID
 			o := waitOutcome(t, b, c.worker, c.instance, id, time.Minute)
 			if want := "dev.steward." + outcomeNoun(c.worker) + "." + c.outcome + ".v1"; o.Type() != want {
 				t.Errorf("after the restart, %s again: outcome %s (%s); want %s", c.e.Type(), o.Type(), o.Data(), want)

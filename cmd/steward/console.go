@@ -6,7 +6,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/console"
+	"github.com/steward-dev/steward/internal/natsauth"
 	"github.com/steward-dev/steward/publisher"
 )
 
@@ -18,9 +20,16 @@ import (
 // and what is signed for it, is the ingress's own gate's to decide, so the
 // console and the ingress never disagree.
 func mountConsole(mux *http.ServeMux, g *globals, js jetstream.JetStream, token string, in *ingress) error {
-	docs, err := g.documents(context.Background(), js)
+	var docs *events.Store
+	var err error
+	if g.credsName() != string(natsauth.RolePublisher) {
+		docs, err = g.documents(context.Background(), js)
+	}
 	if err != nil {
-		return err
+		// An identity that may not read the bucket (the ingress is a
+		// publisher) still serves the console; its pages then show what
+		// they can, and documents unverified.
+		g.log.Warn().Err(err).Msg("the console cannot read the checkpoint bucket with these credentials; status documents are not shown verified, and stream readers cannot be paused from it")
 	}
 	c, err := console.New(console.Config{
 		Token:     token,
