@@ -100,6 +100,14 @@ func (s *Store) KV() jetstream.KeyValue { return s.kv }
 // Signer is what this store signs with (nil for a reader).
 func (s *Store) Signer() *proof.Signer { return s.o.Signer }
 
+// Verifier is whose documents this store believes (nil: none verified),
+// and Domain the JetStream domain it binds: a reader of the outcome and
+// DLQ streams verifies their messages with the same (docs/design.md §7).
+func (s *Store) Verifier() *proof.Verifier { return s.o.Verifier }
+
+// Domain is the JetStream domain this store's signatures bind.
+func (s *Store) Domain() string { return s.o.Domain }
+
 // LoadUpgrade reads the upgrade record. A missing or untrusted one leaves
 // every unsigned document untrusted: the safe side, where a key's events
 // are only decided again.
@@ -246,25 +254,8 @@ func (s *Store) reflectedFrom(ctx context.Context, key string, rev uint64) strin
 	if err != nil {
 		return ""
 	}
-	self := "$KV." + CheckpointBucket + "." + key
-	var from []string
-	for _, v := range m.Header.Values("Nats-Subject") {
-		if v != self {
-			from = append(from, strings.TrimPrefix(v, "$KV."+CheckpointBucket+"."))
-		}
-	}
-	if len(from) > 0 {
-		stream := m.Header.Get("Nats-Stream")
-		return fmt.Sprintf("a direct get of %s (stream %s)", strings.Join(from, ", "), stream)
-	}
-	var ack struct {
-		Stream string `json:"stream"`
-		Seq    uint64 `json:"seq"`
-	}
-	if json.Unmarshal(m.Data, &ack) == nil && ack.Stream != "" {
-		return fmt.Sprintf("a publish acknowledgement of stream %s (sequence %d)", ack.Stream, ack.Seq)
-	}
-	return ""
+	prefix := "$KV." + CheckpointBucket + "."
+	return strings.ReplaceAll(ReflectedFrom(prefix+key, m.Header, m.Data), prefix, "")
 }
 
 func (s *Store) scope(key string) proof.Scope {
