@@ -50,6 +50,9 @@ type Store struct {
 	// legacyBelow is the upgrade record's sequence: unsigned documents at
 	// or below it are the previous version's.
 	legacyBelow uint64
+	// upgradedAt is when the upgrade record was made: unsigned outcomes
+	// and dead letters stored before it are the previous version's.
+	upgradedAt time.Time
 
 	mu sync.Mutex
 	// hwm is, per key, the highest counter this process has read or
@@ -123,9 +126,18 @@ func (s *Store) LoadUpgrade(ctx context.Context) error {
 		}
 	}
 	s.mu.Lock()
-	s.legacyBelow = u.Sequence
+	s.legacyBelow, s.upgradedAt = u.Sequence, u.At
 	s.mu.Unlock()
 	return nil
+}
+
+// UpgradedAt is when the trusted upgrade record was made (zero: none):
+// an unsigned outcome or dead letter stored before it was written by the
+// version before proofs, one stored after it was not written by Steward.
+func (s *Store) UpgradedAt() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.upgradedAt
 }
 
 // Doc is one document as read.
@@ -354,7 +366,7 @@ func (s *Store) RecordUpgrade(ctx context.Context) (Upgrade, error) {
 		return Upgrade{}, fmt.Errorf("the upgrade record of %s: %w", CheckpointBucket, err)
 	}
 	s.mu.Lock()
-	s.legacyBelow = u.Sequence
+	s.legacyBelow, s.upgradedAt = u.Sequence, u.At
 	s.mu.Unlock()
 	return u, nil
 }
