@@ -13,6 +13,8 @@ import (
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go"
+
+	"github.com/steward-dev/steward/internal/proof"
 )
 
 // Headers a dead letter carries besides the original event's. A letter
@@ -150,6 +152,14 @@ type LetterSource struct {
 	// MaxBytes is the largest message the server takes (its max payload);
 	// zero means 1 MiB, NATS's default.
 	MaxBytes int
+	// Signer is the instance's document key: the letter carries its
+	// detached proof (proof.Header, over DeadLetterProofContent), so a
+	// letter someone else made the bus store on DLQSubject is told from
+	// the instance's. Domain is the JetStream domain the proof binds. A
+	// nil Signer writes an unsigned letter, which readers with keys show
+	// as forged.
+	Signer *proof.Signer
+	Domain string
 }
 
 // letterMargin is room left under MaxBytes for the header block's framing
@@ -169,8 +179,17 @@ const truncatedHeaderBytes = 256
 // Nats-Msg-Id derived from the original's digest. An original too large to
 // copy under MaxBytes is kept by reference: the letter names its stream,
 // sequence and digest and holds only the start of its data (HeaderTruncated).
-// It returns the message and the original's digest.
+// It returns the message, signed by src.Signer, and the original's digest.
 func NewDeadLetter(src LetterSource) (*nats.Msg, string) {
+	msg, digest := newDeadLetter(src)
+	if src.Signer != nil {
+		// SignMessage fails only to marshal a Proof, which cannot fail.
+		_ = SignMessage(msg, StreamDLQ, src.Domain, src.Signer, DeadLetterProofContent(msg.Header, msg.Data))
+	}
+	return msg, digest
+}
+
+func newDeadLetter(src LetterSource) (*nats.Msg, string) {
 	digest := LetterDigest(src.Subject, src.Header, src.Data)
 	msg := nats.NewMsg(src.DLQSubject)
 	own := func(h nats.Header) {
@@ -185,6 +204,11 @@ func NewDeadLetter(src LetterSource) (*nats.Msg, string) {
 	}
 	own(msg.Header)
 	overhead := headerBytes(msg.Header) + len(HeaderTruncated) + 24 + letterMargin
+	if src.Signer != nil {
+		// The proof is added last, over what the letter holds; its size
+		// is fixed by the signer, so it is counted before choosing.
+		overhead += proofSize(src.Signer, MessageScope(StreamDLQ, src.Domain, src.DLQSubject))
+	}
 	limit := src.MaxBytes
 	if limit <= 0 {
 		limit = 1 << 20

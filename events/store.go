@@ -51,6 +51,9 @@ type Store struct {
 	// legacyBelow is the upgrade record's sequence: unsigned documents at
 	// or below it are the previous version's.
 	legacyBelow uint64
+	// upgradedAt is when the upgrade record was made: unsigned outcomes
+	// and dead letters stored before it are the previous version's.
+	upgradedAt time.Time
 
 	mu sync.Mutex
 	// hwm is, per key, the highest counter this process has read or
@@ -101,6 +104,14 @@ func (s *Store) KV() jetstream.KeyValue { return s.kv }
 // Signer is what this store signs with (nil for a reader).
 func (s *Store) Signer() *proof.Signer { return s.o.Signer }
 
+// Verifier is whose documents this store believes (nil: none verified),
+// and Domain the JetStream domain it binds: a reader of the outcome and
+// DLQ streams verifies their messages with the same (docs/design.md §7).
+func (s *Store) Verifier() *proof.Verifier { return s.o.Verifier }
+
+// Domain is the JetStream domain this store's signatures bind.
+func (s *Store) Domain() string { return s.o.Domain }
+
 // LoadUpgrade reads the upgrade record. A missing or untrusted one leaves
 // every unsigned document untrusted: the safe side, where a key's events
 // are only decided again.
@@ -116,9 +127,18 @@ func (s *Store) LoadUpgrade(ctx context.Context) error {
 		}
 	}
 	s.mu.Lock()
-	s.legacyBelow = u.Sequence
+	s.legacyBelow, s.upgradedAt = u.Sequence, u.At
 	s.mu.Unlock()
 	return nil
+}
+
+// UpgradedAt is when the trusted upgrade record was made (zero: none):
+// an unsigned outcome or dead letter stored before it was written by the
+// version before proofs, one stored after it was not written by Steward.
+func (s *Store) UpgradedAt() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.upgradedAt
 }
 
 // Doc is one document as read.
@@ -253,8 +273,8 @@ func (s *Store) inspect(ctx context.Context, key string) (uint64, string) {
 	defer cancel()
 	// By subject, not by sequence: an instance may read only its own keys,
 	// and a read by sequence could be anyone's.
-	self := "$KV." + CheckpointBucket + "." + key
-	m, err := s.raw.GetLastMsgForSubject(ctx, self)
+	prefix := "$KV." + CheckpointBucket + "."
+	m, err := s.raw.GetLastMsgForSubject(ctx, prefix+key)
 	if err != nil {
 		return 0, ""
 	}
@@ -264,23 +284,7 @@ func (s *Store) inspect(ctx context.Context, key string) (uint64, string) {
 			rev = n
 		}
 	}
-	var from []string
-	for _, v := range m.Header.Values("Nats-Subject") {
-		if v != self {
-			from = append(from, strings.TrimPrefix(v, "$KV."+CheckpointBucket+"."))
-		}
-	}
-	if len(from) > 0 {
-		return rev, fmt.Sprintf("a direct get of %s (stream %s)", strings.Join(from, ", "), m.Header.Get("Nats-Stream"))
-	}
-	var ack struct {
-		Stream string `json:"stream"`
-		Seq    uint64 `json:"seq"`
-	}
-	if json.Unmarshal(m.Data, &ack) == nil && ack.Stream != "" {
-		return rev, fmt.Sprintf("a publish acknowledgement of stream %s (sequence %d)", ack.Stream, ack.Seq)
-	}
-	return rev, ""
+	return rev, strings.ReplaceAll(ReflectedFrom(prefix+key, m.Header, m.Data), prefix, "")
 }
 
 func (s *Store) scope(key string) proof.Scope {
@@ -379,7 +383,7 @@ func (s *Store) RecordUpgrade(ctx context.Context) (Upgrade, error) {
 		return Upgrade{}, fmt.Errorf("the upgrade record of %s: %w", CheckpointBucket, err)
 	}
 	s.mu.Lock()
-	s.legacyBelow = u.Sequence
+	s.legacyBelow, s.upgradedAt = u.Sequence, u.At
 	s.mu.Unlock()
 	return u, nil
 }

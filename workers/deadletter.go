@@ -35,6 +35,8 @@ func (w *Runtime) deadLetter(h *held, reason error, log zerolog.Logger) string {
 		Header:     h.msg.Headers(),
 		Data:       h.msg.Data(),
 		MaxBytes:   w.letterLimit(ctx),
+		Signer:     w.o.signer,
+		Domain:     w.o.domain,
 	})
 	log = log.With().Str("digest", digest).Logger()
 	ack, err := w.js.PublishMsg(ctx, letter, jetstream.WithExpectStream(events.StreamDLQ))
@@ -95,6 +97,13 @@ func (w *Runtime) ownLetter(ctx context.Context, seq uint64, header map[string][
 	if !events.SameLetter(stored, mine) {
 		return fmt.Errorf("%w: %s sequence %d is on %q, written as %q for sequence %d with digest %q", errNotOwnLetter,
 			events.StreamDLQ, seq, stored.DLQSubject, stored.Worker, stored.Sequence, stored.Digest)
+	}
+	// The same content is not enough: a letter stored ahead of this one
+	// with the same original but not signed by this instance would settle
+	// the event and then be shown as forged, leaving it with no letter
+	// anyone believes.
+	if err := stored.VerifyProof(w.o.verifier, w.o.domain); err != nil {
+		return fmt.Errorf("%w: %s sequence %d holds this event's letter, but %w", errNotOwnLetter, events.StreamDLQ, seq, err)
 	}
 	return nil
 }

@@ -223,6 +223,51 @@ func TestDeadLetterSquattedID(t *testing.T) {
 	}
 }
 
+// TestDeadLetterSquattedWithItsOwnContent: the squatter stores, under the
+// letter's id, the very letter the worker would write (it can compute all
+// of it) but unsigned. Same content is not enough: the worker refuses it
+// as not its own, keeps the event, and stores its own signed letter once
+// the dedupe entry expires, so the DLQ holds a letter readers believe.
+func TestDeadLetterSquattedWithItsOwnContent(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	var logs syncBuffer
+	w := workertest.Start(t, js, spec("sq2"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error { return nil }),
+		workers.WithAckWait(300*time.Millisecond), workers.WithLogger(zerolog.New(&logs)))
+	ctx := context.Background()
+	s, err := js.Stream(ctx, events.StreamDLQ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.Duplicates = 3 * time.Second
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	msg := rawRotation(t, "victim", "v1", bad("v1"))
+	seq := lastSeq(t, js, events.StreamEvents) + 1
+	squat, _ := events.NewDeadLetter(events.LetterSource{
+		Consumer: "rt-sq2", DLQSubject: events.DLQSubject(testWorker, "sq2"), Stream: events.StreamEvents,
+		Sequence: seq, Subject: msg.Subject, Delivered: 1, Reason: "nothing to see here", Header: msg.Header, Data: msg.Data,
+	})
+	publishRaw(t, js, squat)
+	if got := publishRaw(t, js, msg).Sequence; got != seq {
+		t.Fatalf("the victim was stored at %d, not the predicted %d", got, seq)
+	}
+	workertest.WaitUntil(t, "the worker stores its own signed letter", func() bool {
+		for _, d := range workertest.DeadLetters(t, js, testWorker, "sq2") {
+			if d.EventID() == "victim" && d.VerifyProof(workertest.Verifier(), "") == nil {
+				return true
+			}
+		}
+		return false
+	})
+	workertest.WaitIdle(t, js, w.ConsumerName())
+	if !strings.Contains(logs.String(), "carries no proof of its writer") {
+		t.Fatalf("the unsigned squat was not reported as such:\n%s", logs.String())
+	}
+}
+
 // TestDeadLetterRedeliveryFindsItsOwnLetter is the case the duplicate
 // answer exists for: a process wrote the letter and stopped before it
 // settled the event. The redelivery's write is a duplicate of its own
@@ -244,7 +289,7 @@ func TestDeadLetterRedeliveryFindsItsOwnLetter(t *testing.T) {
 	letter, _ := events.NewDeadLetter(events.LetterSource{
 		Consumer: "rt-own", DLQSubject: events.DLQSubject(testWorker, "own"), Stream: events.StreamEvents,
 		Sequence: ack.Sequence, Subject: orig.Subject, Delivered: 3, Reason: "an earlier delivery's reason",
-		Header: orig.Header, Data: orig.Data,
+		Header: orig.Header, Data: orig.Data, Signer: workertest.Signer("rt-own"),
 	})
 	publishRaw(t, js, letter)
 	var logs syncBuffer

@@ -198,6 +198,13 @@ func (b *runtimeBackend) Emit(ctx context.Context, e event.Event) error {
 	if err != nil {
 		return err
 	}
+	// Signed, so that a message someone made the bus store on this
+	// subject (by reflection, docs/design.md §7) is told from the
+	// instance's own: readers mark an outcome that does not verify as
+	// forged. Live, superseded and replayed outcomes all pass here.
+	if err := events.SignMessage(msg, events.StreamOutcomes, w.o.domain, w.o.signer, events.OutcomeProofContent(e)); err != nil {
+		return err
+	}
 	_, err = w.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(events.StreamOutcomes))
 	return err
 }

@@ -84,7 +84,10 @@ func (w *Runtime) newStore(ctx context.Context, kv jetstream.KeyValue) (*events.
 	})
 	s.BindStream(ctx, w.js)
 	if err := s.LoadUpgrade(ctx); err != nil {
-		return nil, err
+		// The safe side: without the record no unsigned document is
+		// believed, and those keys are decided again. (A replicated
+		// bucket just made can answer "no responders" for a moment.)
+		w.log.Warn().Err(err).Msg("the upgrade record could not be read; unsigned documents are not believed")
 	}
 	return s, nil
 }

@@ -122,7 +122,12 @@ func selectLetters(cmd *cobra.Command, g *globals, f ops.LetterFilter) (*ops.Let
 	if err != nil {
 		return nil, nil, err
 	}
-	list, err := ops.ListLetters(cmd.Context(), js, f)
+	p, err := g.proofs(cmd.Context(), js)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	list, err := ops.ListLetters(cmd.Context(), js, f, p)
 	if err != nil {
 		nc.Close()
 		return nil, nil, withServerHint(g, err)
@@ -170,8 +175,16 @@ func newDLQLsCmd(g *globals, out *outputFlags) *cobra.Command {
 // first columns are the ones scripts have read since the first version.
 func listLetters(w io.Writer, list []ops.Letter) error {
 	t := newTable(w, "SEQ", "WORKER", "SUBJECT", "DELIVERIES", "STORED", "TYPE", "KEY", "EVENT", "REASON")
+	forged := 0
 	for _, l := range list {
-		t.row(l.Sequence, letterWorker(l), l.Original.Subject, l.Deliveries, l.Time, shortType(l.Type), l.Key, l.EventID, l.Reason)
+		if l.Forged != "" {
+			forged++
+		}
+		t.row(l.Sequence, letterWorker(l), l.Original.Subject, l.Deliveries, l.Time, shortType(l.Type), l.Key, l.EventID, proofNote(l.Forged, l.Unverified, l.Reason))
+	}
+	if forged > 0 {
+		t.line("")
+		t.line("%d %s", forged, ops.ForgedNote)
 	}
 	return t.flush()
 }
@@ -217,7 +230,11 @@ func newDLQShowCmd(g *globals, out *outputFlags) *cobra.Command {
 				return err
 			}
 			defer nc.Close()
-			l, err := ops.GetLetter(cmd.Context(), js, seqs[0])
+			p, err := g.proofs(cmd.Context(), js)
+			if err != nil {
+				return err
+			}
+			l, err := ops.GetLetter(cmd.Context(), js, seqs[0], p)
 			if err != nil {
 				return withServerHint(g, err)
 			}
@@ -249,6 +266,14 @@ func showLetter(w io.Writer, d ops.LetterDetail) {
 	p("deliveries", "%d", d.Deliveries)
 	p("original", "%s sequence %d on %s", d.Original.Stream, d.Original.Sequence, cell(d.Original.Subject))
 	p("check", "%s", d.Check)
+	switch {
+	case d.Forged != "":
+		p("proof", "FORGED: %s (a retry refuses it)", d.Forged)
+	case d.Unverified:
+		p("proof", "unverified (no document keys to check it with, or stored unsigned before the upgrade record)")
+	default:
+		p("proof", "verified as %s", d.WorkerName+"-"+d.Instance)
+	}
 	if d.Truncated {
 		p("truncated", "the letter holds %d of the original's %d bytes; a retry reads the original by reference", len(d.Raw.Data), d.OriginalSize)
 	}
@@ -418,11 +443,17 @@ func (a *actFlags) selected(cmd *cobra.Command, g *globals, args []string, all b
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	list, err := ops.ListLetters(cmd.Context(), js, f)
+	// A retry refuses the letters listed as forged, so the listing checks
+	// proofs as `dlq ls` does.
+	p, err := g.proofs(cmd.Context(), js)
+	var list *ops.LetterList
 	if err == nil {
-		err = missingSeqs(f, list)
-	} else {
-		err = withServerHint(g, err)
+		list, err = ops.ListLetters(cmd.Context(), js, f, p)
+		if err == nil {
+			err = missingSeqs(f, list)
+		} else {
+			err = withServerHint(g, err)
+		}
 	}
 	if err != nil {
 		nc.Close()
@@ -574,7 +605,8 @@ its audit line and audit event, as with rm.`,
 		}
 		defer nc.Close()
 		if !yes {
-			list, err := ops.ListLetters(ctx, js, ops.LetterFilter{})
+			// Only counted: a purge removes forged letters and others alike.
+			list, err := ops.ListLetters(ctx, js, ops.LetterFilter{}, ops.Proofs{})
 			if err != nil {
 				return withServerHint(g, err)
 			}

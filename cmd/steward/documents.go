@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/ops"
 	"github.com/steward-dev/steward/internal/proof"
 	"github.com/steward-dev/steward/internal/signing"
 )
@@ -120,4 +121,29 @@ func (g *globals) documents(ctx context.Context, js jetstream.JetStream) (*event
 		return nil, nil
 	}
 	return s, err
+}
+
+// proofs is what this command checks outcomes and dead letters with: the
+// keys its identity believes, in its domain, with the upgrade record's
+// time when the bucket holds one (unsigned messages stored before it are
+// the previous version's). A command with no credentials, no
+// --document-trust and no document key believes no one, so it marks them
+// unverified rather than calling every one forged.
+func (g *globals) proofs(ctx context.Context, js jetstream.JetStream) (ops.Proofs, error) {
+	signer, verifier, err := g.documentKeys(g.credsName())
+	if err != nil {
+		return ops.Proofs{}, err
+	}
+	if g.natsCreds == "" && strings.TrimSpace(g.documentTrust) == "" && signer == nil {
+		return ops.Proofs{}, nil
+	}
+	p := ops.Proofs{Verifier: verifier, Domain: g.jsDomain}
+	s, err := g.documents(ctx, js)
+	if err != nil {
+		return ops.Proofs{}, err
+	}
+	if s != nil {
+		p.LegacyBefore = s.UpgradedAt()
+	}
+	return p, nil
 }

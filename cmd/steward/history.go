@@ -23,7 +23,11 @@ func newHistoryCmd(g *globals) *cobra.Command {
 letter of the worker's instances that names one of those events (their
 causationid) or the key, in the order they were stored, with ids, times and
 trace ids (from the traceparent extension). Outcomes a replay emitted are
-marked. Stored messages that are not events are reported and left out.`,
+marked. An outcome or dead letter whose proof does not verify as the instance
+its subject names is marked FORGED with the reason: some identity made the bus
+store it, and it says nothing about what the instance did. Without document
+keys (no --nats-creds, --document-trust or --document-key) they are marked
+unverified. Stored messages that are not events are reported and left out.`,
 		Example: `  steward history credential hive-7
   steward history provision db-1 --since 24h -o json`,
 		Args: cobra.ExactArgs(2),
@@ -48,6 +52,9 @@ marked. Stored messages that are not events are reported and left out.`,
 			return err
 		}
 		defer nc.Close()
+		if o.Proofs, err = g.proofs(cmd.Context(), js); err != nil {
+			return err
+		}
 		h, err := ops.GetHistory(cmd.Context(), js, o)
 		if err != nil {
 			return withServerHint(g, err)
@@ -80,13 +87,32 @@ func printHistory(w io.Writer, h *ops.History) error {
 			case ops.EntryDeadLetter:
 				note = "instance " + e.Instance + ": " + e.Reason
 			}
+			note = proofNote(e.Forged, e.Unverified, note)
 			t.row(e.Time.Format(time.RFC3339Nano), what, fmt.Sprintf("%s %d", shortStream(e.Stream), e.Sequence), e.ID, e.Type, e.CausationID, e.TraceID, note)
 		}
 	}
 	for _, u := range h.Unreadable {
 		t.line("left out: %s seq %d on %s is not an event: %s", u.Stream, u.Sequence, u.Subject, u.Error)
 	}
+	if h.Forged > 0 {
+		t.line("")
+		t.line("%d %s", h.Forged, ops.ForgedNote)
+	}
 	return t.flush()
+}
+
+// proofNote puts what a message's proof says in front of the note about
+// it: a forged outcome or dead letter leads with FORGED and why, so it is
+// never read as what the instance did; one that could not be checked says
+// so.
+func proofNote(forged string, unverified bool, note string) string {
+	switch {
+	case forged != "":
+		return "FORGED: " + forged + "; it claims: " + note
+	case unverified:
+		return "unverified, " + note
+	}
+	return note
 }
 
 // shortStream names a stream by its last word: events, outcomes, dlq.

@@ -104,7 +104,15 @@ failed, is invalid or would be dead-lettered (outside --dry-run).`,
 				return err
 			}
 			defer nc.Close()
-			r, err := workers.NewReplayer(ctx, js, h.Spec(), h, workers.WithLogger(g.log))
+			// The replayed outcomes are signed as whoever runs the replay
+			// (the instance, or the operator, whose proof readers accept on
+			// a replayed outcome): with a key only this process knew they
+			// would show as forged (docs/design.md §7).
+			signer, verifier, err := g.documentKeys(g.credsName())
+			if err != nil {
+				return fmt.Errorf("%s worker: %w", k.name, err)
+			}
+			r, err := workers.NewReplayer(ctx, js, h.Spec(), h, workers.WithLogger(g.log), workers.WithDocumentKeys(signer, verifier), workers.WithDomain(g.jsDomain))
 			if err != nil {
 				return fmt.Errorf("%s worker: %w", k.name, err)
 			}

@@ -64,8 +64,8 @@ STEWARD_MAX_CONSUMERS).`,
 			}
 			fmt.Fprintf(out, "bucket %s: replicas %d, max bytes %d, max value size %d\n",
 				workers.CheckpointBucket, cfg.Streams.Replicas, cfg.CheckpointMaxBytes, cfg.CheckpointMaxValueSize)
-			u, err := recordUpgrade(ctx, g, js)
-			if err != nil {
+			var u events.Upgrade
+			if err := g.retry(ctx, "upgrade record not written yet", func() (err error) { u, err = recordUpgrade(ctx, g, js); return err }); err != nil {
 				return fmt.Errorf("steward setup: %w", err)
 			}
 			fmt.Fprintf(out, "upgrade record: unsigned documents at or below bucket sequence %d (recorded %s) are the previous version's, read once and signed again; any later one is forged\n",

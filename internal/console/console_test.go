@@ -271,7 +271,7 @@ func TestConsoleDeadLetterFilterAndRemove(t *testing.T) {
 	if !strings.Contains(string(done), "Removed 2 of 2") {
 		t.Fatalf("remove: %s\n%s", resp.Status, done)
 	}
-	left, err := ops.ListLetters(context.Background(), r.js, ops.LetterFilter{})
+	left, err := ops.ListLetters(context.Background(), r.js, ops.LetterFilter{}, ops.Proofs{})
 	if err != nil || len(left.Letters) != 1 || left.Letters[0].Sequence != seqs[1] {
 		t.Fatalf("left after the removal: %+v, %v", left, err)
 	}

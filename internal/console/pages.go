@@ -36,6 +36,9 @@ func parseTemplates() (map[string]*template.Template, error) {
 		},
 		"seconds": func(f float64) string { return (time.Duration(f) * time.Second).Round(time.Second).String() },
 		"join":    strings.Join,
+		// forgedNote is what to do about forged entries, worded once for
+		// the console and steward history alike.
+		"forgedNote": func() string { return ops.ForgedNote },
 		"keyQuery": func(d keyData) string {
 			v := url.Values{"worker": {d.Worker}, "key": {d.Key}}
 			if d.Instance != "" {
@@ -226,7 +229,7 @@ type keyData struct {
 func (c *Console) keyData(r *http.Request) keyData {
 	q := r.URL.Query()
 	d := keyData{Worker: q.Get("worker"), Key: q.Get("key"), Instance: q.Get("instance"), Follow: q.Get("event")}
-	h, err := ops.GetHistory(r.Context(), c.cfg.JS, ops.HistoryOptions{Worker: d.Worker, Key: d.Key, Instance: d.Instance})
+	h, err := ops.GetHistory(r.Context(), c.cfg.JS, ops.HistoryOptions{Worker: d.Worker, Key: d.Key, Instance: d.Instance, Proofs: ops.ProofsOf(c.cfg.Docs)})
 	if err != nil {
 		d.Error = err.Error()
 		return d
@@ -243,7 +246,9 @@ func (c *Console) keyData(r *http.Request) keyData {
 			switch {
 			case e.Kind == ops.EntryEvent && e.ID == d.Follow:
 				d.Settled = nil
-			case e.Kind != ops.EntryEvent && e.CausationID == d.Follow:
+			case e.Kind != ops.EntryEvent && e.CausationID == d.Follow && e.Forged == "":
+				// A forged outcome naming the event settles nothing:
+				// the page waits for the instance's own.
 				d.Settled = &h.Entries[i]
 			}
 		}
@@ -311,7 +316,7 @@ func (c *Console) dlqPage(w http.ResponseWriter, r *http.Request, se *session) {
 	d.Filter = f
 	if err != nil {
 		d.Error = err.Error()
-	} else if list, err := ops.ListLetters(r.Context(), c.cfg.JS, f); err != nil {
+	} else if list, err := ops.ListLetters(r.Context(), c.cfg.JS, f, ops.ProofsOf(c.cfg.Docs)); err != nil {
 		d.Error = err.Error()
 	} else {
 		d.Letters = list.Letters
@@ -325,7 +330,7 @@ func (c *Console) letterPage(w http.ResponseWriter, r *http.Request, se *session
 		c.fail(w, r, http.StatusBadRequest, fmt.Sprintf("%q is not a %s sequence: pick a letter from the dead-letter page", r.PathValue("seq"), events.StreamDLQ))
 		return
 	}
-	l, err := ops.GetLetter(r.Context(), c.cfg.JS, seq)
+	l, err := ops.GetLetter(r.Context(), c.cfg.JS, seq, ops.ProofsOf(c.cfg.Docs))
 	if err != nil {
 		c.fail(w, r, http.StatusNotFound, err.Error())
 		return
@@ -364,7 +369,7 @@ type confirmData struct {
 // selectedLetters reads the letters at seqs as they are now, and the
 // sequences that hold none any more.
 func (c *Console) selectedLetters(r *http.Request, seqs []uint64) ([]ops.Letter, []uint64, error) {
-	list, err := ops.ListLetters(r.Context(), c.cfg.JS, ops.LetterFilter{Seqs: seqs})
+	list, err := ops.ListLetters(r.Context(), c.cfg.JS, ops.LetterFilter{Seqs: seqs}, ops.ProofsOf(c.cfg.Docs))
 	if err != nil {
 		return nil, nil, err
 	}

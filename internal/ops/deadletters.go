@@ -29,8 +29,10 @@ import (
 //   - a retry republishes only to the subject the decoded, re-validated
 //     event maps to, never to a subject the letter names, and never to
 //     $JS., $KV., $SYS., $O. or _INBOX.;
-//   - a letter whose Steward-Worker header and DLQ subject disagree, or
-//     whose content does not match its digest, is refused and kept;
+//   - a letter whose Steward-Worker header and DLQ subject disagree,
+//     whose content does not match its digest, or whose proof does not
+//     verify as its instance's (it was forged, docs/design.md §7), is
+//     refused and kept;
 //   - a republish JetStream reports as a duplicate of anything but this
 //     very event stored nothing, so the letter is kept;
 //   - letters of one key are retried in the order their originals were
@@ -79,6 +81,14 @@ type Letter struct {
 	// data (OriginalSize bytes in all); a retry reads the original.
 	Truncated    bool `json:"truncated,omitempty"`
 	OriginalSize int  `json:"originalSize,omitempty"`
+	// Forged says why the letter is not believed: it carries no proof,
+	// or one that does not verify as the instance its DLQ subject names.
+	// Someone made the bus store it; a retry refuses it.
+	Forged string `json:"forged,omitempty"`
+	// Unverified says the letter could not be checked: the reader had no
+	// document keys, or it was stored unsigned before the upgrade record,
+	// by the version before proofs.
+	Unverified bool `json:"unverified,omitempty"`
 
 	// Raw is the parsed letter, for the actions; never printed whole.
 	Raw events.DeadLetter `json:"-"`
@@ -238,11 +248,12 @@ func splitDLQSubject(s string) (worker, instance string) {
 	return worker, instance
 }
 
-// ListLetters returns the dead letters f selects, in DLQ order. A filter of
+// ListLetters returns the dead letters f selects, in DLQ order, each
+// checked with p (Letter.Forged, Letter.Unverified). A filter of
 // sequences reads only those (a sequence that holds no letter is left out);
 // one of a worker reads only its DLQ subjects, and one with Since starts
 // at that time.
-func ListLetters(ctx context.Context, js jetstream.JetStream, f LetterFilter) (*LetterList, error) {
+func ListLetters(ctx context.Context, js jetstream.JetStream, f LetterFilter, p Proofs) (*LetterList, error) {
 	if err := f.check(); err != nil {
 		return nil, err
 	}
@@ -256,7 +267,7 @@ func ListLetters(ctx context.Context, js jetstream.JetStream, f LetterFilter) (*
 	}
 	if f.Seqs != nil {
 		for _, seq := range f.Seqs {
-			l, err := GetLetter(ctx, js, seq)
+			l, err := GetLetter(ctx, js, seq, p)
 			if errors.Is(err, ErrNoLetter) {
 				continue
 			}
@@ -275,6 +286,7 @@ func ListLetters(ctx context.Context, js jetstream.JetStream, f LetterFilter) (*
 			return err
 		}
 		if l := LetterOf(meta.Sequence.Stream, m.Subject(), meta.Timestamp, m.Headers(), m.Data()); f.Match(l) {
+			l.Forged, l.Unverified = p.letter(l.Raw, meta.Timestamp)
 			out.Letters = append(out.Letters, l)
 		}
 		return nil
@@ -289,8 +301,8 @@ func ListLetters(ctx context.Context, js jetstream.JetStream, f LetterFilter) (*
 // removed or purged, or never existed.
 var ErrNoLetter = errors.New("no dead letter at that sequence")
 
-// GetLetter returns the letter at a STEWARD_DLQ sequence.
-func GetLetter(ctx context.Context, js jetstream.JetStream, seq uint64) (Letter, error) {
+// GetLetter returns the letter at a STEWARD_DLQ sequence, checked with p.
+func GetLetter(ctx context.Context, js jetstream.JetStream, seq uint64, p Proofs) (Letter, error) {
 	s, err := js.Stream(ctx, events.StreamDLQ)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return Letter{}, &NoStreamsError{Server: ServerURL(js)}
@@ -305,7 +317,9 @@ func GetLetter(ctx context.Context, js jetstream.JetStream, seq uint64) (Letter,
 	if err != nil {
 		return Letter{}, fmt.Errorf("read dead letter %d: %w", seq, err)
 	}
-	return LetterOf(m.Sequence, m.Subject, m.Time, m.Header, m.Data), nil
+	l := LetterOf(m.Sequence, m.Subject, m.Time, m.Header, m.Data)
+	l.Forged, l.Unverified = p.letter(l.Raw, m.Time)
+	return l, nil
 }
 
 // Detail is l with its headers and data, secrets elided.
@@ -719,7 +733,14 @@ var forbiddenPrefixes = []string{"$JS.", "$KV.", "$SYS.", "$O.", "_INBOX."}
 // deletes the letter. The letter is read again first: one removed since
 // it was listed is not republished.
 func retryLetter(ctx context.Context, js jetstream.JetStream, listed Letter) (retried, error) {
-	l, err := GetLetter(ctx, js, listed.Sequence)
+	if listed.Forged != "" {
+		// Its instance did not write it: republishing it would put an
+		// event of the forger's choosing in the stream as the operator's.
+		// A stream never reuses a sequence, so the letter read again is
+		// the one checked when it was listed.
+		return retried{}, fmt.Errorf("dead letter %d is forged (%s); it was left in the DLQ: remove it with steward dlq rm %d once you have found who wrote it", listed.Sequence, listed.Forged, listed.Sequence)
+	}
+	l, err := GetLetter(ctx, js, listed.Sequence, Proofs{})
 	if err != nil {
 		return retried{}, err
 	}
@@ -909,7 +930,7 @@ func RemoveLetters(ctx context.Context, js jetstream.JetStream, list []Letter, o
 // below the sequence after the last one read, so a letter a worker writes
 // meanwhile is kept.
 func PurgeLetters(ctx context.Context, js jetstream.JetStream, o ActOptions) (*Report, error) {
-	list, err := ListLetters(ctx, js, LetterFilter{})
+	list, err := ListLetters(ctx, js, LetterFilter{}, Proofs{})
 	if err != nil {
 		return nil, err
 	}

@@ -67,7 +67,7 @@ func letterMsg(t *testing.T, s letterSpec) *nats.Msg {
 
 func list(t *testing.T, js jetstream.JetStream, f ops.LetterFilter) []ops.Letter {
 	t.Helper()
-	l, err := ops.ListLetters(context.Background(), js, f)
+	l, err := ops.ListLetters(context.Background(), js, f, ops.Proofs{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -371,7 +371,7 @@ func TestDLQDetailElidesSecrets(t *testing.T) {
 	srv := workertest.StartServer(t)
 	js := srv.JetStream(t)
 	seq := writeLetter(t, js, letterSpec{"credential", "h1", "h1", 1, 1, "failed near " + armoredSecret})
-	l, err := ops.GetLetter(context.Background(), js, seq)
+	l, err := ops.GetLetter(context.Background(), js, seq, ops.Proofs{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,7 +380,7 @@ func TestDLQDetailElidesSecrets(t *testing.T) {
 	if strings.Contains(string(out), "c2VjcmV0") || !strings.Contains(d.Data, `"secret": "[elided]"`) || d.Check != "verified" {
 		t.Fatalf("detail: %s", out)
 	}
-	if _, err := ops.GetLetter(context.Background(), js, 99); !errors.Is(err, ops.ErrNoLetter) {
+	if _, err := ops.GetLetter(context.Background(), js, 99, ops.Proofs{}); !errors.Is(err, ops.ErrNoLetter) {
 		t.Fatalf("GetLetter(99): %v", err)
 	}
 }

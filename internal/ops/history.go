@@ -42,6 +42,9 @@ type HistoryOptions struct {
 	Instance string
 	// Since starts the history at this time (zero: the first kept).
 	Since time.Time
+	// Proofs checks each outcome and dead letter as its instance's; the
+	// zero value marks them unverified.
+	Proofs Proofs
 }
 
 // History is what happened to one key: its events, and the outcomes and
@@ -54,6 +57,8 @@ type History struct {
 	// Unreadable are stored messages of the subjects read that are not
 	// CloudEvents; they are left out of Entries.
 	Unreadable []Unreadable `json:"unreadable"`
+	// Forged counts the entries marked Forged.
+	Forged int `json:"forged"`
 }
 
 // Entry is one event, outcome or dead letter of a key's history.
@@ -79,6 +84,16 @@ type Entry struct {
 	Reason string `json:"reason,omitempty"`
 	// Replay marks an outcome a replay emitted, not the live consumer.
 	Replay bool `json:"replay,omitempty"`
+	// Forged says why an outcome or dead letter is not believed: it
+	// carries no proof, or one that does not verify as the instance its
+	// subject names. It is listed so the forgery is seen, never as what
+	// the instance did.
+	Forged string `json:"forged,omitempty"`
+	// Unverified says the outcome or dead letter could not be checked:
+	// the reader had no document keys (HistoryOptions.Proofs), or it was
+	// stored unsigned before the upgrade record, by the version before
+	// proofs.
+	Unverified bool `json:"unverified,omitempty"`
 }
 
 // Unreadable is a stored message that could not be read as an event.
@@ -91,7 +106,10 @@ type Unreadable struct {
 
 // GetHistory reads the history of one key: every event of the key on the
 // worker's subjects, then the outcomes and dead letters of the worker whose
-// causation names one of them or whose subject attribute is the key.
+// causation names one of them or whose subject attribute is the key. Each
+// outcome and dead letter is checked with o.Proofs: one that does not
+// verify as its instance's is kept in the history, marked Forged, so what
+// someone made the bus store is seen and never read as what happened.
 func GetHistory(ctx context.Context, js jetstream.JetStream, o HistoryOptions) (*History, error) {
 	if err := events.CheckKey(o.Worker); err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
@@ -116,12 +134,12 @@ func GetHistory(ctx context.Context, js jetstream.JetStream, o HistoryOptions) (
 		return nil, err
 	}
 	ids := map[string]bool{}
-	err = h.read(ctx, js, events.StreamEvents, subjects, o.Since, func(meta *jetstream.MsgMetadata, subject string, e event.Event) {
+	err = h.read(ctx, js, events.StreamEvents, subjects, o.Since, func(meta *jetstream.MsgMetadata, m jetstream.Msg, e event.Event) {
 		if e.Subject() != o.Key {
 			return
 		}
 		ids[e.ID()] = true
-		h.Entries = append(h.Entries, entryOf(EntryEvent, events.StreamEvents, meta, subject, e))
+		h.Entries = append(h.Entries, entryOf(EntryEvent, events.StreamEvents, meta, m.Subject(), e))
 	})
 	if err != nil {
 		return nil, err
@@ -132,17 +150,19 @@ func GetHistory(ctx context.Context, js jetstream.JetStream, o HistoryOptions) (
 		tail = o.Instance
 	}
 	err = h.read(ctx, js, events.StreamOutcomes, []string{events.OutcomesPrefix + "." + o.Worker + "." + tail}, o.Since,
-		func(meta *jetstream.MsgMetadata, subject string, e event.Event) {
+		func(meta *jetstream.MsgMetadata, m jetstream.Msg, e event.Event) {
 			cause, _ := e.Extensions()["causationid"].(string)
 			if !ids[cause] && e.Subject() != o.Key {
 				return
 			}
+			subject := m.Subject()
 			en := entryOf(EntryOutcome, events.StreamOutcomes, meta, subject, e)
 			en.CausationID = cause
 			en.Instance = lastToken(subject)
 			en.Outcome = outcomeName(e.Type())
 			en.Replay = isReplay(e)
-			h.Entries = append(h.Entries, en)
+			en.Forged, en.Unverified = o.Proofs.outcome(subject, meta.Timestamp, m.Headers(), m.Data(), e)
+			h.add(en)
 		})
 	if err != nil {
 		return nil, err
@@ -172,7 +192,8 @@ func GetHistory(ctx context.Context, js jetstream.JetStream, o HistoryOptions) (
 				if d.Event != nil {
 					en.Type, en.TraceID = d.Event.Type(), traceID(*d.Event)
 				}
-				h.Entries = append(h.Entries, en)
+				en.Forged, en.Unverified = o.Proofs.letter(d, meta.Timestamp)
+				h.add(en)
 				return nil
 			})
 		if err != nil {
@@ -189,10 +210,18 @@ func GetHistory(ctx context.Context, js jetstream.JetStream, o HistoryOptions) (
 	return h, nil
 }
 
+// add appends an entry and counts it when it is forged.
+func (h *History) add(en Entry) {
+	if en.Forged != "" {
+		h.Forged++
+	}
+	h.Entries = append(h.Entries, en)
+}
+
 // read calls fn for every event of the subjects of a stream, and records
 // the messages that are not events. A missing stream reads as empty.
 func (h *History) read(ctx context.Context, js jetstream.JetStream, stream string, subjects []string, since time.Time,
-	fn func(meta *jetstream.MsgMetadata, subject string, e event.Event)) error {
+	fn func(meta *jetstream.MsgMetadata, m jetstream.Msg, e event.Event)) error {
 	if s, err := streamOrNone(ctx, js, stream); err != nil || s == nil {
 		return err
 	}
@@ -206,7 +235,7 @@ func (h *History) read(ctx context.Context, js jetstream.JetStream, stream strin
 			h.Unreadable = append(h.Unreadable, Unreadable{Stream: stream, Sequence: meta.Sequence.Stream, Subject: m.Subject(), Error: Elide(oneLine(err.Error()))})
 			return nil
 		}
-		fn(meta, m.Subject(), e)
+		fn(meta, m, e)
 		return nil
 	})
 	if err != nil {
