@@ -79,7 +79,7 @@ func (w *Worker) readAccepted(ctx context.Context, d *workers.Delivery) (inv eve
 // this worker instance, so the next verified event writes it anew. It names
 // the runtime's key layout (st.<worker>.<instance>.<name>).
 func (w *Worker) recoverState(name string) string {
-	return fmt.Sprintf("nats kv del %s st.%s.%s.%s", workers.CheckpointBucket, Name, w.cfg.Box, name)
+	return fmt.Sprintf("nats kv del %s %s", events.CheckpointBucket, events.StateKey(Name, w.cfg.Box, name))
 }
 
 // stepFilesWritten is the stage saved once policy.json and enrollment.json
