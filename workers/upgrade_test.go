@@ -6,6 +6,9 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/workers"
@@ -58,7 +61,7 @@ func TestOldAndNewProcessesOfOneInstanceLoseNothing(t *testing.T) {
 	go func() {
 		defer close(oldDone)
 		for oldCtx.Err() == nil {
-			batch, err := old.FetchNoWait(8)
+			batch, err := old.Fetch(8, jetstream.FetchMaxWait(200*time.Millisecond))
 			if err != nil {
 				continue
 			}
