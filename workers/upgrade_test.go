@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/workers"
@@ -37,10 +38,13 @@ func TestOldAndNewProcessesOfOneInstanceLoseNothing(t *testing.T) {
 		handled[hive+":"+strconv.FormatUint(v, 10)]++
 		mu.Unlock()
 	}
+	// A short AckWait makes the new process look again at an event
+	// waiting behind one the old process held every third of it (its
+	// heartbeat), as a deployment's default does every ten seconds.
 	r := workertest.Start(t, js, s, workers.HandlerFunc(func(_ context.Context, d *workers.Delivery) error {
 		note(d.Key, versionOf(t, d))
 		return nil
-	}))
+	}), workers.WithAckWait(time.Second), workers.WithLogger(zerolog.New(zerolog.NewTestWriter(t))))
 	if _, err := workertest.OperatorDocs(t, js).RecordUpgrade(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -152,6 +152,19 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, o 
 	fmt.Fprintf(out, "  export STEWARD_NATS_URL=%s STEWARD_NATS_CREDS=%s   # for the steward commands below, as the operator\n", url, operatorCreds)
 	fmt.Fprintf(out, "  nats --server %s --creds %s stream ls   # the nats CLI, as the operator\n", url, operatorCreds)
 	fmt.Fprintf(out, "  publishers: %s (publishes steward.events.> only); each worker instance: %s\n", publisherCreds, filepath.Join(creds.dir, "<worker>-<instance>.creds"))
+	// Contexts the nats CLI and steward both read, so an operator names
+	// the server and credentials once (never over a context dev did not
+	// write).
+	for _, c := range []struct{ name, creds string }{{"steward-dev-operator", operatorCreds}, {"steward-dev-publisher", publisherCreds}} {
+		wrote, err := writeDevContext(c.name, srv.ClientURL(), c.creds, dir)
+		switch {
+		case err != nil:
+			g.log.Warn().Err(err).Str("context", c.name).Msg("the nats context was not written")
+		case !wrote:
+			fmt.Fprintf(out, "  (a nats context %s exists that dev did not write: kept, so the --context lines below use it)\n", c.name)
+		}
+	}
+	fmt.Fprintf(out, "  steward --context steward-dev-operator status   # or: nats --context steward-dev-operator stream ls\n")
 
 	g.natsURL = url
 	// Setup is the operator's: dev creates the streams and the bucket

@@ -179,6 +179,16 @@ func TestDev(t *testing.T) {
 		t.Fatalf("token file mode %v, want 0600", fi.Mode().Perm())
 	}
 
+	// The context line dev prints works as printed: dev wrote the
+	// context the nats CLI and steward both read.
+	ctxLine := strings.TrimSpace(d.p.waitLine(t, "  steward --context steward-dev-operator status"))
+	ctxLine, _, _ = strings.Cut(ctxLine, "   #")
+	cmd := exec.Command("sh", "-c", strings.Replace(ctxLine, "steward", bin, 1))
+	cmd.Env = cleanEnv()
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "NATS "+d.natsURL) {
+		t.Fatalf("dev's printed %q: %v\n%s", ctxLine, err, out)
+	}
+
 	// 1. Plain headers, core NATS: accepted and handled.
 	if err := nc.PublishMsg(plainEvent("plain-1.1.0", "1.1.0", `{"version":"1.1.0"}`)); err != nil {
 		t.Fatal(err)

@@ -56,6 +56,8 @@ type globals struct {
 	// keys of writers without a JWT, jsDomain is the JetStream domain
 	// (docs/design.md §7).
 	documentKey, documentTrust string
+	// natsContext is --context; contextName the nats context applied.
+	natsContext, contextName string
 	jsDomain                   string
 	replicas                   int
 	httpAddr                   string
@@ -84,6 +86,9 @@ Every flag has an environment twin, STEWARD_<FLAG> with '-' as '_'
 			if err := applyEnv(cmd.Flags()); err != nil {
 				return err
 			}
+			if err := g.applyContext(cmd.Flags()); err != nil {
+				return err
+			}
 			if err := g.setup(cmd.ErrOrStderr()); err != nil {
 				return err
 			}
@@ -110,6 +115,7 @@ Every flag has an environment twin, STEWARD_<FLAG> with '-' as '_'
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.natsURL, "nats-url", nats.DefaultURL, "NATS server URL(s), comma-separated")
+	pf.StringVar(&g.natsContext, "context", "", "a nats CLI context (nats context save) naming the server and credentials; NATS_CONTEXT works too, and the selected one is read when no server or credentials are given")
 	pf.StringVar(&g.natsCreds, "nats-creds", "", "NATS credentials file (user JWT and nkey seed), as steward creds issue and steward dev write them")
 	pf.StringVar(&g.natsUser, "nats-user", "", "NATS user name, with --nats-password-file (instead of --nats-creds)")
 	pf.StringVar(&g.natsPasswordFile, "nats-password-file", "", "file holding the NATS password of --nats-user")
@@ -212,7 +218,7 @@ func (g *globals) connect(ctx context.Context, name string, wait bool) (*nats.Co
 			}
 			return err
 		}
-		j, err := jetstream.New(c)
+		j, err := g.jetStream(c)
 		if err != nil {
 			c.Close()
 			return backoff.Permanent(err)
@@ -357,4 +363,13 @@ func serveHTTP(ctx context.Context, log zerolog.Logger, addr string, h http.Hand
 		_ = srv.Shutdown(sctx)
 		<-done
 	}, nil
+}
+
+// jetStream is the JetStream API on c, in --js-domain's domain when one is
+// set (a site's leaf node, or a context's jetstream_domain).
+func (g *globals) jetStream(c *nats.Conn) (jetstream.JetStream, error) {
+	if g.jsDomain != "" {
+		return jetstream.NewWithDomain(c, g.jsDomain)
+	}
+	return jetstream.New(c)
 }

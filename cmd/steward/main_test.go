@@ -18,8 +18,9 @@ import (
 	"github.com/steward-dev/steward/workers/workertest"
 )
 
-// bin is the steward binary the tests run as real processes.
-var bin string
+// bin is the steward binary the tests run as real processes; configHome
+// is their XDG_CONFIG_HOME.
+var bin, configHome string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "steward-bin-")
@@ -28,6 +29,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	bin = filepath.Join(dir, "steward")
+	// The nats CLI's contexts the processes read and steward dev writes
+	// live here, never in the developer's own ~/.config/nats.
+	configHome = filepath.Join(dir, "config")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
 		os.RemoveAll(dir)
@@ -43,11 +47,11 @@ func TestMain(m *testing.M) {
 func cleanEnv(extra ...string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, envPrefix) {
+		if !strings.HasPrefix(kv, envPrefix) && !strings.HasPrefix(kv, "XDG_CONFIG_HOME=") && !strings.HasPrefix(kv, "NATS_CONTEXT=") {
 			env = append(env, kv)
 		}
 	}
-	return append(env, extra...)
+	return append(append(env, "XDG_CONFIG_HOME="+configHome), extra...)
 }
 
 type result struct {
