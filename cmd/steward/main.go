@@ -58,11 +58,11 @@ type globals struct {
 	documentKey, documentTrust string
 	// natsContext is --context; contextName the nats context applied.
 	natsContext, contextName string
-	jsDomain                   string
-	replicas                   int
-	httpAddr                   string
-	logLevel                   string
-	logFormat                  string
+	jsDomain                 string
+	replicas                 int
+	httpAddr                 string
+	logLevel                 string
+	logFormat                string
 
 	log zerolog.Logger
 	// stopTracing flushes and stops the tracer the OTEL_* environment
