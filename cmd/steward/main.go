@@ -56,8 +56,10 @@ type globals struct {
 	// keys of writers without a JWT, jsDomain is the JetStream domain
 	// (docs/design.md §7).
 	documentKey, documentTrust string
-	// natsContext is --context; contextName the nats context applied.
+	// natsContext is --context; contextName the nats context applied;
+	// urlGiven says --nats-url (or STEWARD_NATS_URL) was set.
 	natsContext, contextName string
+	urlGiven                 bool
 	jsDomain                 string
 	replicas                 int
 	httpAddr                 string
@@ -88,6 +90,9 @@ Every flag has an environment twin, STEWARD_<FLAG> with '-' as '_'
 			}
 			if err := g.applyContext(cmd.Flags()); err != nil {
 				return err
+			}
+			if f := cmd.Flags().Lookup("nats-url"); f != nil && f.Changed {
+				g.urlGiven = true
 			}
 			if err := g.setup(cmd.ErrOrStderr()); err != nil {
 				return err
@@ -186,6 +191,12 @@ func (g *globals) as(creds string) *globals {
 // long-running service started before its NATS server should; without it a
 // server that cannot be reached is an error at once.
 func (g *globals) connect(ctx context.Context, name string, wait bool) (*nats.Conn, jetstream.JetStream, error) {
+	if !wait && !g.urlGiven && g.contextName == "" && g.natsURL == nats.DefaultURL {
+		// An operator's command tried against whatever listens on
+		// 127.0.0.1:4222 has read or changed the wrong bus more than
+		// once; a service (wait) keeps the documented default.
+		return nil, nil, errors.New("no NATS server is configured: give --nats-url (STEWARD_NATS_URL) or --context (NATS_CONTEXT, a nats CLI context); steward dev prints both, and writes the context steward-dev-operator")
+	}
 	opts := []nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),

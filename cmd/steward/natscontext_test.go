@@ -108,3 +108,13 @@ func TestDevContextsKeepOthers(t *testing.T) {
 		t.Fatalf("the other context was changed: %+v (%v)", c, err)
 	}
 }
+
+// TestNoServerConfiguredSaysSo: an operator's command with no server, no
+// context and no selected context says so instead of trying whatever
+// listens on 127.0.0.1:4222.
+func TestNoServerConfiguredSaysSo(t *testing.T) {
+	r := run(t, []string{"XDG_CONFIG_HOME=" + t.TempDir()}, "status")
+	if r.code == 0 || !strings.Contains(r.stderr, "no NATS server is configured") || !strings.Contains(r.stderr, "--context") {
+		t.Fatalf("status with nothing configured: exit %d, stderr %s", r.code, r.stderr)
+	}
+}
