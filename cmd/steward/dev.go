@@ -587,7 +587,7 @@ how to publish an event (here a release; any program that sets NATS headers can)
   go run ./cmd/steward publish --nats-url %[1]s --nats-creds %[6]s --type %[2]s --data '{"version":"1.2.3"}'
   nats --server %[1]s --creds %[6]s pub steward.events.release.published --header ce-specversion:1.0 --header ce-type:%[2]s --header ce-source:/cli --header ce-id:rel-1.2.3 --header ce-subject:1.2.3 --header content-type:application/json '{"version":"1.2.3"}'
   curl -H 'Authorization: Bearer %[4]s' -H 'ce-specversion: 1.0' -H 'ce-type: %[2]s' -H 'ce-source: /cli' -H 'ce-id: rel-1.2.3' -H 'ce-subject: 1.2.3' -H 'content-type: application/json' -d '{"version":"1.2.3"}' %[3]s%[5]s
-then look: go run ./cmd/steward status --nats-url %[1]s  |  go run ./cmd/steward dlq ls --nats-url %[1]s
+then look: go run ./cmd/steward --context steward-dev-operator status  |  go run ./cmd/steward --context steward-dev-operator dlq ls
 `, natsURL, typ, base, token, publisher.IngressPath, publisherCreds)
 }
 

@@ -188,6 +188,15 @@ func TestDev(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "NATS "+d.natsURL) {
 		t.Fatalf("dev's printed %q: %v\n%s", ctxLine, err, out)
 	}
+	// And so do the "then look" commands, as printed.
+	look := strings.TrimPrefix(d.p.waitLine(t, "then look: "), "then look: ")
+	for _, line := range strings.Split(look, "  |  ") {
+		cmd := exec.Command("sh", "-c", strings.Replace(line, "go run ./cmd/steward", bin, 1))
+		cmd.Env = cleanEnv()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("dev's printed %q: %v\n%s", line, err, out)
+		}
+	}
 
 	// 1. Plain headers, core NATS: accepted and handled.
 	if err := nc.PublishMsg(plainEvent("plain-1.1.0", "1.1.0", `{"version":"1.1.0"}`)); err != nil {
