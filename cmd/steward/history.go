@@ -74,7 +74,7 @@ func printHistory(w io.Writer, h *ops.History) error {
 	if len(h.Entries) == 0 {
 		t.line("(nothing stored for this key: check the worker and the key, or --since)")
 	} else {
-		t.row("TIME", "WHAT", "STREAM SEQ", "ID", "TYPE", "CAUSED BY", "TRACE ID", "NOTE")
+		t.row("TIME", "WHAT", "STREAM SEQ", "ID", "TYPE", "CAUSED BY", "TRACE ID", "NOTE", "REASON")
 		for _, e := range h.Entries {
 			what, note := e.Kind, ""
 			switch e.Kind {
@@ -85,10 +85,10 @@ func printHistory(w io.Writer, h *ops.History) error {
 					note += ", replayed"
 				}
 			case ops.EntryDeadLetter:
-				note = "instance " + e.Instance + ": " + e.Reason
+				note = "instance " + e.Instance
 			}
 			note = proofNote(e.Forged, e.Unverified, note)
-			t.row(e.Time.Format(time.RFC3339Nano), what, fmt.Sprintf("%s %d", shortStream(e.Stream), e.Sequence), e.ID, e.Type, e.CausationID, e.TraceID, note)
+			t.row(e.Time.Format(time.RFC3339Nano), what, fmt.Sprintf("%s %d", shortStream(e.Stream), e.Sequence), e.ID, e.Type, e.CausationID, e.TraceID, note, entryReason(e))
 		}
 	}
 	for _, u := range h.Unreadable {
@@ -99,6 +99,20 @@ func printHistory(w io.Writer, h *ops.History) error {
 		t.line("%d %s", h.Forged, ops.ForgedNote)
 	}
 	return t.flush()
+}
+
+// entryReason is why an entry is what it is, "rule: reason" when it names
+// a rule. A forged entry's reason is only what it claims, and says so, so
+// no one acts on a rule some identity made the bus store.
+func entryReason(e ops.Entry) string {
+	r := e.Reason
+	if e.Rule != "" {
+		r = e.Rule + ": " + r
+	}
+	if e.Forged != "" && r != "" {
+		r = "claimed: " + r
+	}
+	return r
 }
 
 // proofNote puts what a message's proof says in front of the note about

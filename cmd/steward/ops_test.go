@@ -193,6 +193,47 @@ func TestOpsHistoryCommand(t *testing.T) {
 	}
 }
 
+// TestOpsHistoryShowsRuleAndReason proves a refused outcome's rule and
+// reason are in history's REASON column and its JSON, secrets elided and
+// control characters escaped, and a dead letter's error beside it.
+func TestOpsHistoryShowsRuleAndReason(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	publishRotation(t, js, "h1", 1)
+	publishRotation(t, js, "h1", 2)
+	w := workertest.Start(t, js, testSpec("h1"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		if d.Event.ID() == "rot-h1-2" {
+			return workers.Permanent(fmt.Errorf("the hive's folder is gone"))
+		}
+		if err := d.Emit(ctx, "refused", map[string]string{"rule": "downgrade", "reason": "version 1 is older than the installed 2 \x1b[31m" + testSecret}); err != nil {
+			return err
+		}
+		return workers.Refused(fmt.Errorf("refused (downgrade)"))
+	}))
+	workertest.WaitIdle(t, js, w.ConsumerName())
+	workertest.WaitUntil(t, "the dead letter is stored", func() bool { return len(workertest.DeadLetters(t, js, "credential", "h1")) == 1 })
+
+	out := opsOK(t, srv.URL(), opsCmd("history"), "credential", "h1")
+	for _, want := range []string{"REASON", "downgrade: version 1 is older than the installed 2 \\x1b[31m[elided]", "the hive's folder is gone"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("history lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "\x1b") || strings.Contains(out, "c2VjcmV0") {
+		t.Errorf("history prints a control character or the secret:\n%s", out)
+	}
+	h := decodeJSON[ops.History](t, opsOK(t, srv.URL(), opsCmd("history"), "credential", "h1", "--json"))
+	var refused ops.Entry
+	for _, e := range h.Entries {
+		if e.Outcome == "refused" {
+			refused = e
+		}
+	}
+	if refused.Rule != "downgrade" || !strings.HasPrefix(refused.Reason, "version 1 is older") {
+		t.Fatalf("history JSON's refused entry %+v, want rule and reason", refused)
+	}
+}
+
 // TestOpsConsumersCommand lists Steward's consumers, removes a left-over
 // one, refuses a consumed one and prints JSON.
 func TestOpsConsumersCommand(t *testing.T) {

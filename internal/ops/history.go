@@ -3,6 +3,7 @@ package ops
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -80,8 +81,16 @@ type Entry struct {
 	TraceID string `json:"traceId,omitempty"`
 	// Instance is the worker instance of an outcome or dead letter.
 	Instance string `json:"instance,omitempty"`
-	// Reason is why a dead letter is dead, secrets elided.
+	// Rule is the rule a refused outcome names (a constant of its
+	// worker: downgrade, signature, ...), so a refusal reads as the rule
+	// broken, not only as "refused".
+	Rule string `json:"rule,omitempty"`
+	// Reason is why: a refused or superseded outcome's reason (its data's
+	// reason), a dead letter's Steward-Error; secrets elided, on one line.
 	Reason string `json:"reason,omitempty"`
+	// SupersededBy is the id of the event that superseded a superseded
+	// outcome's event, so its entry can be found in the same history.
+	SupersededBy string `json:"supersededBy,omitempty"`
 	// Replay marks an outcome a replay emitted, not the live consumer.
 	Replay bool `json:"replay,omitempty"`
 	// Forged says why an outcome or dead letter is not believed: it
@@ -161,6 +170,7 @@ func GetHistory(ctx context.Context, js jetstream.JetStream, o HistoryOptions) (
 			en.Instance = lastToken(subject)
 			en.Outcome = outcomeName(e.Type())
 			en.Replay = isReplay(e)
+			en.Rule, en.Reason, en.SupersededBy = outcomeWhy(e)
 			en.Forged, en.Unverified = o.Proofs.outcome(subject, meta.Timestamp, m.Headers(), m.Data(), e)
 			h.add(en)
 		})
@@ -291,6 +301,29 @@ func traceID(e event.Event) string {
 		return ""
 	}
 	return parts[1]
+}
+
+// outcomeWhy reads why an outcome is what it is from its data: the rule
+// and reason of a refusal ({rule, reason}, every worker's refused outcome)
+// and the superseding event of a superseded one (workers.Superseded). Data
+// that is not a JSON object, or fields that are not strings, read as none:
+// the data was written by whoever could publish, and the entry is listed
+// either way. The rule is a worker's constant, but the reason quotes what
+// was found, so both are elided and kept on one line.
+func outcomeWhy(e event.Event) (rule, reason, supersededBy string) {
+	var why struct {
+		Rule         any `json:"rule"`
+		Reason       any `json:"reason"`
+		SupersededBy any `json:"supersededBy"`
+	}
+	if json.Unmarshal(e.Data(), &why) != nil {
+		return "", "", ""
+	}
+	str := func(v any) string {
+		s, _ := v.(string)
+		return Elide(oneLine(s))
+	}
+	return str(why.Rule), str(why.Reason), str(why.SupersededBy)
 }
 
 // isReplay says whether an outcome was emitted by a replay
