@@ -374,15 +374,15 @@ func TestDLQLsShowRetryAndStatus(t *testing.T) {
 	dlqSeq := map[string]string{}
 	for i, row := range rows[1:] {
 		f := strings.Fields(row)
-		if len(f) < 5 || f[0] != strconv.Itoa(i+1) || f[1] != "test-one" || f[3] != "1" || !strings.Contains(row, "the hive's folder is read-only") {
-			t.Fatalf("dlq ls row %q: want seq %d, worker test-one, a subject, 1 delivery and the reason", row, i+1)
+		if len(f) < 6 || f[0] != strconv.Itoa(i+1) || f[1] != "test" || f[2] != "one" || f[4] != "1" || !strings.Contains(row, "the hive's folder is read-only") {
+			t.Fatalf("dlq ls row %q: want seq %d, worker test, instance one, a subject, 1 delivery and the reason", row, i+1)
 		}
-		dlqSeq[strings.TrimPrefix(f[2], "steward.events.credential.rotated.")] = f[0]
+		dlqSeq[strings.TrimPrefix(f[3], "steward.events.credential.rotated.")] = f[0]
 	}
 	if len(dlqSeq) != 3 || dlqSeq["h1"] == "" || dlqSeq["h2"] == "" || dlqSeq["h3"] == "" {
 		t.Fatalf("dlq ls subjects %v", dlqSeq)
 	}
-	if r := ok(t, nil, "dlq", "ls", url, "--worker", "other"); strings.Count(r.stdout, "\n") != 1 {
+	if r := ok(t, nil, "dlq", "ls", url, "--worker", "other"); r.stdout != "no dead letters (filters: --worker \"other\")\n" {
 		t.Fatalf("dlq ls --worker other:\n%s", r.stdout)
 	}
 
@@ -420,6 +420,10 @@ func TestDLQLsShowRetryAndStatus(t *testing.T) {
 	}
 	if r := run(t, nil, "dlq", "retry", url, "--all"); r.code == 0 || !strings.Contains(r.stderr, "--worker") {
 		t.Fatalf("retry --all without --worker: exit %d, %q", r.code, r.stderr)
+	}
+	// A dry run changes nothing, so --all needs no --yes for it.
+	if r := ok(t, nil, "dlq", "retry", url, "--all", "--dry-run"); !strings.Contains(r.stderr, "would act on these 2 dead letters") {
+		t.Fatalf("retry --all --dry-run: %q", r.stderr)
 	}
 	ok(t, nil, "dlq", "retry", url, "--all", "--worker", "test")
 	workertest.WaitUntil(t, "every retried event is applied", func() bool { return applied.Load() == 3 })
