@@ -613,7 +613,10 @@ func TestServeProcess(t *testing.T) {
 // TestBenchCommand proves `steward bench` measures the four paths and
 // prints the rates, both latencies, the CPU per event and the ratios.
 func TestBenchCommand(t *testing.T) {
-	r := ok(t, nil, "bench", "--events", "200", "--rate", "2000")
+	r := ok(t, nil, "bench", "--events", "200", "--rate", "2000", "--rounds", "1")
+	if !strings.Contains(r.stdout, "publishing 200 events over 64 keys at 2000 events/s through each path, 1 round...") {
+		t.Fatalf("bench counts its rounds wrong:\n%s", r.stdout)
+	}
 	for _, want := range []string{"runtime (no-op worker)", "raw consumer, Ack", "raw consumer, serial DoubleAck", "raw consumer, validating DoubleAck", "events/s", "/event", "handler p50", "settled p50", "runtime / raw Ack throughput: ", "runtime / raw DoubleAck p99 settled: ", "runtime / validating raw DoubleAck p99 handler: ", "published as 2000 events/s"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Fatalf("bench output lacks %q:\n%s", want, r.stdout)
