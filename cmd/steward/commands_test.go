@@ -485,9 +485,16 @@ func TestReplay(t *testing.T) {
 	// Another hive's event is not this worker's and is not replayed.
 	ok(t, nil, "publish", url, "--type", events.TypeReleasePublished, "--data", `{"version":"1.0.0"}`)
 
-	r := ok(t, nil, append([]string{"replay", "credential", url, "--from-seq", "1", "--dry-run"}, flags...)...)
+	// A dry run only decodes and validates: the instance is all it needs.
+	r := ok(t, nil, "replay", "credential", url, "--from-seq", "1", "--dry-run", "--hive", cfg.Hive)
 	if !strings.Contains(r.stdout, "seq=1") || !strings.Contains(r.stdout, "would be handled") || !strings.Contains(r.stdout, "1 events, 1 would be handled, 0 invalid") {
 		t.Fatalf("dry run printed:\n%s", r.stdout)
+	}
+	if r := ok(t, nil, "replay", "converge", url, "--dry-run", "--install", "dev"); !strings.Contains(r.stdout, "dry run of converge-dev: 1 events, 1 would be handled") {
+		t.Fatalf("converge dry run with only --install printed:\n%s", r.stdout)
+	}
+	if r := run(t, nil, "replay", "converge", url, "--dry-run"); r.code == 0 || !strings.Contains(r.stderr, "a dry run needs only --install") {
+		t.Fatalf("dry run without the instance: exit %d, %q", r.code, r.stderr)
 	}
 	secretPath := filepath.Join(cfg.CredentialDir, credential.SecretFile)
 	if _, err := os.Stat(secretPath); err == nil {
