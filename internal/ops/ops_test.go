@@ -427,3 +427,57 @@ func TestHistoryNamesTheRuleAndReason(t *testing.T) {
 		}
 	}
 }
+
+// TestFollowHistoryShowsWhatIsStoredNext reads a key's history, follows it,
+// and proves the events and outcomes stored afterwards come once each and
+// in order, another key's never, and that cancelling ends the follow.
+func TestFollowHistoryShowsWhatIsStoredNext(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	first := publishTraced(t, js, "h1", 1, "")
+	h, err := ops.GetHistory(context.Background(), js, ops.HistoryOptions{Worker: "credential", Key: "h1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Entries) != 1 || h.Entries[0].ID != first {
+		t.Fatalf("history before following: %+v", h.Entries)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	got := make(chan ops.Entry, 16)
+	done := make(chan error, 1)
+	go func() {
+		done <- ops.FollowHistory(ctx, js, h, func(e ops.Entry) error { got <- e; return nil })
+	}()
+	publishTraced(t, js, "h2", 1, "") // another key
+	second := publishTraced(t, js, "h1", 2, "")
+	w := workertest.Start(t, js, credSpec("h1"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		return d.Emit(ctx, "applied", nil)
+	}))
+	workertest.WaitIdle(t, js, w.ConsumerName())
+
+	var seen []string
+	workertest.WaitUntil(t, "the follower shows the second event and both outcomes", func() bool {
+		for {
+			select {
+			case e := <-got:
+				seen = append(seen, e.Kind+":"+e.ID)
+			default:
+				return len(seen) >= 3
+			}
+		}
+	})
+	want := []string{"event:" + second, "outcome:credential-h1-1-applied", "outcome:credential-h1-3-applied"}
+	if strings.Join(seen, " ") != strings.Join(want, " ") {
+		t.Fatalf("followed %v, want %v", seen, want)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("follow ended with %v, want nil on cancel", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("follow did not end when its context was cancelled")
+	}
+}
