@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -482,5 +484,81 @@ func TestOutputEscapesControlCharacters(t *testing.T) {
 	o := &outputFlags{format: "yaml"}
 	if _, err := o.asJSON(); err == nil {
 		t.Fatal("-o yaml accepted")
+	}
+}
+
+// syncBuffer is a bytes.Buffer a command writes while a test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestOpsHistoryFollow proves history --follow --json prints the stored
+// entries, then each one stored afterwards as one JSON line, and ends
+// cleanly when its context is cancelled (Ctrl-C).
+func TestOpsHistoryFollow(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	publishRotation(t, js, "h1", 1)
+	g := &globals{natsURL: srv.URL(), replicas: 1, log: zerolog.Nop()}
+	cmd := opsCmd("history")(g)
+	var stdout syncBuffer
+	cmd.SetOut(&stdout)
+	cmd.SetErr(io.Discard)
+	cmd.SetArgs([]string{"credential", "h1", "--follow", "--json"})
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(ctx) }()
+
+	lines := func() []ops.Entry {
+		var out []ops.Entry
+		for _, l := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+			if l == "" {
+				continue
+			}
+			var e ops.Entry
+			if err := json.Unmarshal([]byte(l), &e); err != nil {
+				t.Fatalf("--follow --json line %q is not one JSON entry: %v", l, err)
+			}
+			out = append(out, e)
+		}
+		return out
+	}
+	workertest.WaitUntil(t, "the stored event is printed", func() bool { return len(lines()) == 1 })
+	publishRotation(t, js, "h1", 2)
+	w := workertest.Start(t, js, testSpec("h1"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		if err := d.Emit(ctx, "refused", map[string]string{"rule": "stale", "reason": "not above the applied version"}); err != nil {
+			return err
+		}
+		return workers.Refused(fmt.Errorf("refused (stale)"))
+	}))
+	workertest.WaitIdle(t, js, w.ConsumerName())
+	workertest.WaitUntil(t, "the new event and both refusals are printed", func() bool { return len(lines()) == 4 })
+	got := lines()
+	if got[0].ID != "rot-h1-1" || got[1].ID != "rot-h1-2" || got[2].Rule != "stale" || got[3].CausationID != "rot-h1-2" {
+		t.Fatalf("followed %+v", got)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("history --follow ended with %v, want nil when interrupted", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("history --follow did not end when its context was cancelled")
 	}
 }
