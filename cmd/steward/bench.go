@@ -39,7 +39,7 @@ within one run only: the machine is shared and absolute figures drift.`,
 			if o.Rate > 0 {
 				mode = fmt.Sprintf("at %d events/s", o.Rate)
 			}
-			fmt.Fprintf(out, "publishing %d events over %d keys %s through each path, %d rounds...\n", o.Events, o.Keys, mode, o.Rounds)
+			fmt.Fprintf(out, "publishing %s over %s %s through each path, %s...\n", plural(o.Events, "event"), plural(o.Keys, "key"), mode, plural(o.Rounds, "round"))
 			o.Progress = func(path string, settled, total int) {
 				fmt.Fprintf(cmd.ErrOrStderr(), "  %s: %d of %d settled\n", path, settled, total)
 			}

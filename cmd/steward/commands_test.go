@@ -374,15 +374,15 @@ func TestDLQLsShowRetryAndStatus(t *testing.T) {
 	dlqSeq := map[string]string{}
 	for i, row := range rows[1:] {
 		f := strings.Fields(row)
-		if len(f) < 5 || f[0] != strconv.Itoa(i+1) || f[1] != "test-one" || f[3] != "1" || !strings.Contains(row, "the hive's folder is read-only") {
-			t.Fatalf("dlq ls row %q: want seq %d, worker test-one, a subject, 1 delivery and the reason", row, i+1)
+		if len(f) < 6 || f[0] != strconv.Itoa(i+1) || f[1] != "test" || f[2] != "one" || f[4] != "1" || !strings.Contains(row, "the hive's folder is read-only") {
+			t.Fatalf("dlq ls row %q: want seq %d, worker test, instance one, a subject, 1 delivery and the reason", row, i+1)
 		}
-		dlqSeq[strings.TrimPrefix(f[2], "steward.events.credential.rotated.")] = f[0]
+		dlqSeq[strings.TrimPrefix(f[3], "steward.events.credential.rotated.")] = f[0]
 	}
 	if len(dlqSeq) != 3 || dlqSeq["h1"] == "" || dlqSeq["h2"] == "" || dlqSeq["h3"] == "" {
 		t.Fatalf("dlq ls subjects %v", dlqSeq)
 	}
-	if r := ok(t, nil, "dlq", "ls", url, "--worker", "other"); strings.Count(r.stdout, "\n") != 1 {
+	if r := ok(t, nil, "dlq", "ls", url, "--worker", "other"); r.stdout != "no dead letters (filters: --worker \"other\")\n" {
 		t.Fatalf("dlq ls --worker other:\n%s", r.stdout)
 	}
 
@@ -420,6 +420,10 @@ func TestDLQLsShowRetryAndStatus(t *testing.T) {
 	}
 	if r := run(t, nil, "dlq", "retry", url, "--all"); r.code == 0 || !strings.Contains(r.stderr, "--worker") {
 		t.Fatalf("retry --all without --worker: exit %d, %q", r.code, r.stderr)
+	}
+	// A dry run changes nothing, so --all needs no --yes for it.
+	if r := ok(t, nil, "dlq", "retry", url, "--all", "--dry-run"); !strings.Contains(r.stderr, "would act on these 2 dead letters") {
+		t.Fatalf("retry --all --dry-run: %q", r.stderr)
 	}
 	ok(t, nil, "dlq", "retry", url, "--all", "--worker", "test")
 	workertest.WaitUntil(t, "every retried event is applied", func() bool { return applied.Load() == 3 })
@@ -481,9 +485,16 @@ func TestReplay(t *testing.T) {
 	// Another hive's event is not this worker's and is not replayed.
 	ok(t, nil, "publish", url, "--type", events.TypeReleasePublished, "--data", `{"version":"1.0.0"}`)
 
-	r := ok(t, nil, append([]string{"replay", "credential", url, "--from-seq", "1", "--dry-run"}, flags...)...)
+	// A dry run only decodes and validates: the instance is all it needs.
+	r := ok(t, nil, "replay", "credential", url, "--from-seq", "1", "--dry-run", "--hive", cfg.Hive)
 	if !strings.Contains(r.stdout, "seq=1") || !strings.Contains(r.stdout, "would be handled") || !strings.Contains(r.stdout, "1 events, 1 would be handled, 0 invalid") {
 		t.Fatalf("dry run printed:\n%s", r.stdout)
+	}
+	if r := ok(t, nil, "replay", "converge", url, "--dry-run", "--install", "dev"); !strings.Contains(r.stdout, "dry run of converge-dev: 1 events, 1 would be handled") {
+		t.Fatalf("converge dry run with only --install printed:\n%s", r.stdout)
+	}
+	if r := run(t, nil, "replay", "converge", url, "--dry-run"); r.code == 0 || !strings.Contains(r.stderr, "a dry run needs only --install") {
+		t.Fatalf("dry run without the instance: exit %d, %q", r.code, r.stderr)
 	}
 	secretPath := filepath.Join(cfg.CredentialDir, credential.SecretFile)
 	if _, err := os.Stat(secretPath); err == nil {
@@ -609,7 +620,10 @@ func TestServeProcess(t *testing.T) {
 // TestBenchCommand proves `steward bench` measures the four paths and
 // prints the rates, both latencies, the CPU per event and the ratios.
 func TestBenchCommand(t *testing.T) {
-	r := ok(t, nil, "bench", "--events", "200", "--rate", "2000")
+	r := ok(t, nil, "bench", "--events", "200", "--rate", "2000", "--rounds", "1")
+	if !strings.Contains(r.stdout, "publishing 200 events over 64 keys at 2000 events/s through each path, 1 round...") {
+		t.Fatalf("bench counts its rounds wrong:\n%s", r.stdout)
+	}
 	for _, want := range []string{"runtime (no-op worker)", "raw consumer, Ack", "raw consumer, serial DoubleAck", "raw consumer, validating DoubleAck", "events/s", "/event", "handler p50", "settled p50", "runtime / raw Ack throughput: ", "runtime / raw DoubleAck p99 settled: ", "runtime / validating raw DoubleAck p99 handler: ", "published as 2000 events/s"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Fatalf("bench output lacks %q:\n%s", want, r.stdout)

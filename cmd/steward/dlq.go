@@ -33,7 +33,7 @@ reason (Steward-Error), the worker (Steward-Worker), the original's stream,
 sequence, subject and digest, and the number of deliveries. They are kept until
 an operator retries or removes them (or for 90 days).
 
-ls, retry and rm take the same filter: --worker, --type, --key, --reason and a
+ls, retry, rm and purge take the same filter: --worker, --type, --key, --reason and a
 time range (--since, --until) on when the letter was stored. Every retry, rm
 and purge logs one audit line per letter (action, result, DLQ sequence, event
 id, worker) and stores an audit event dev.steward.dlq.<result>.v1 on
@@ -61,6 +61,23 @@ func (f *dlqFilterFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.reason, "reason", "", "only letters whose reason holds this text (any case)")
 	fs.StringVar(&f.since, "since", "", "only letters stored at or after this time: RFC 3339 or a duration back from now (24h)")
 	fs.StringVar(&f.until, "until", "", "only letters stored before this time: RFC 3339 or a duration back from now (1h)")
+}
+
+// describe names the filter flags given, as they were given, so a list
+// that comes back empty says what it was narrowed by.
+func (f *dlqFilterFlags) describe() string {
+	var parts []string
+	for _, p := range []struct{ flag, v string }{
+		{"worker", f.worker}, {"type", f.typ}, {"key", f.key}, {"reason", f.reason}, {"since", f.since}, {"until", f.until},
+	} {
+		if p.v != "" {
+			parts = append(parts, "--"+p.flag+" "+strconv.Quote(p.v))
+		}
+	}
+	if parts == nil {
+		return "none"
+	}
+	return strings.Join(parts, " ")
 }
 
 func (f *dlqFilterFlags) filter(now time.Time) (ops.LetterFilter, error) {
@@ -160,6 +177,13 @@ func newDLQLsCmd(g *globals, out *outputFlags) *cobra.Command {
 			if asJSON {
 				return printSafeJSON(cmd.OutOrStdout(), list)
 			}
+			if len(list.Letters) == 0 {
+				// A bare header reads as a broken command; say
+				// what was asked, so a filter too narrow is seen.
+				t := newTable(cmd.OutOrStdout())
+				t.line("no dead letters (filters: %s)", ff.describe())
+				return t.flush()
+			}
 			if err := listLetters(cmd.OutOrStdout(), list.Letters); err != nil {
 				return err
 			}
@@ -171,16 +195,17 @@ func newDLQLsCmd(g *globals, out *outputFlags) *cobra.Command {
 	return cmd
 }
 
-// listLetters prints one row per letter; table escapes every cell. The
-// first columns are the ones scripts have read since the first version.
+// listLetters prints one row per letter; table escapes every cell. WORKER
+// and INSTANCE are the worker and instance as --json names them, so the
+// table and the JSON never disagree about which worker a letter is of.
 func listLetters(w io.Writer, list []ops.Letter) error {
-	t := newTable(w, "SEQ", "WORKER", "SUBJECT", "DELIVERIES", "STORED", "TYPE", "KEY", "EVENT", "REASON")
+	t := newTable(w, "SEQ", "WORKER", "INSTANCE", "SUBJECT", "DELIVERIES", "STORED", "TYPE", "KEY", "EVENT", "REASON")
 	forged := 0
 	for _, l := range list {
 		if l.Forged != "" {
 			forged++
 		}
-		t.row(l.Sequence, letterWorker(l), l.Original.Subject, l.Deliveries, l.Time, shortType(l.Type), l.Key, l.EventID, proofNote(l.Forged, l.Unverified, l.Reason))
+		t.row(l.Sequence, letterWorkerName(l), l.Instance, l.Original.Subject, l.Deliveries, l.Time, shortType(l.Type), l.Key, l.EventID, proofNote(l.Forged, l.Unverified, l.Reason))
 	}
 	if forged > 0 {
 		t.line("")
@@ -194,6 +219,19 @@ func listLetters(w io.Writer, list []ops.Letter) error {
 func letterWorker(l ops.Letter) string {
 	w := l.WorkerName + "-" + l.Instance
 	if l.WorkerName == "" {
+		w = l.Consumer
+	}
+	if l.WorkerMismatch {
+		w += " (says " + strconv.Quote(l.Consumer) + ")"
+	}
+	return w
+}
+
+// letterWorkerName is the worker a letter's DLQ subject names, and what
+// its Steward-Worker header says when the two disagree.
+func letterWorkerName(l ops.Letter) string {
+	w := l.WorkerName
+	if w == "" {
 		w = l.Consumer
 	}
 	if l.WorkerMismatch {
@@ -349,7 +387,9 @@ func (a *actFlags) selection(cmd *cobra.Command, args []string, all bool, verb s
 	case len(args) > 0:
 		f.Seqs, err = parseDLQSeqs(args)
 		return f, err
-	case all && f.Empty() && !a.yes:
+	case all && f.Empty() && !a.yes && !a.dryRun:
+		// A dry run changes nothing, so it needs no confirmation: it
+		// is how an operator sees what --all --yes would do.
 		return f, errors.New("--all without a filter retries every worker's dead letters at once, which is rarely meant: narrow it with --worker (or another filter), or confirm with --all --yes")
 	case f.Empty() && !all:
 		if verb == "rm" {
@@ -579,6 +619,7 @@ first.`,
 
 func newDLQPurgeCmd(g *globals, out *outputFlags) *cobra.Command {
 	var (
+		ff            dlqFilterFlags
 		yes           bool
 		noAuditEvents bool
 	)
@@ -587,11 +628,14 @@ func newDLQPurgeCmd(g *globals, out *outputFlags) *cobra.Command {
 		Short: "Remove every dead letter without republishing any",
 		Long: `Delete every dead letter STEWARD_DLQ holds when the command reads it; a letter
 a worker writes meanwhile is kept. No event is republished. Each letter gets
-its audit line and audit event, as with rm.`,
-		Example: "  steward dlq purge --yes",
+its audit line and audit event, as with rm. With a filter (--worker, --type,
+--key, --reason, --since, --until), only the letters it matches are deleted,
+one by one as rm deletes them, and audited as removed.`,
+		Example: "  steward dlq purge --yes\n  steward dlq purge --worker converge --yes",
 		Args:    cobra.NoArgs,
 	}
-	cmd.Flags().BoolVar(&yes, "yes", false, "really remove every dead letter")
+	ff.register(cmd.Flags())
+	cmd.Flags().BoolVar(&yes, "yes", false, "really remove every dead letter (the filter matches)")
 	cmd.Flags().BoolVar(&noAuditEvents, "no-audit-events", false, "log the audit lines but store no audit events on steward.outcomes.dlq.>")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		asJSON, err := out.asJSON()
@@ -599,11 +643,36 @@ its audit line and audit event, as with rm.`,
 			return err
 		}
 		ctx := cmd.Context()
+		f, err := ff.filter(time.Now())
+		if err != nil {
+			return err
+		}
 		nc, js, err := g.connect(ctx, "steward dlq", false)
 		if err != nil {
 			return err
 		}
 		defer nc.Close()
+		o := ops.ActOptions{Log: g.log.With().Str("component", "dlq").Logger(), Actor: "steward dlq", NoAuditEvents: noAuditEvents}
+		if !f.Empty() {
+			// A stream purge can only narrow by subject, and the
+			// filter also reads type, key, reason and time: the
+			// letters it matches are removed one by one.
+			list, err := ops.ListLetters(ctx, js, f, ops.Proofs{})
+			if err != nil {
+				return withServerHint(g, err)
+			}
+			if !yes {
+				return fmt.Errorf("purge would remove the %d dead letters the filter (%s) matches without republishing any: look at them with steward dlq ls and the same filter, then add --yes", len(list.Letters), ff.describe())
+			}
+			rep, err := ops.RemoveLetters(ctx, js, list.Letters, o)
+			if err != nil && rep == nil {
+				return withServerHint(g, err)
+			}
+			if perr := report(cmd, asJSON, rep); perr != nil {
+				return perr
+			}
+			return errors.Join(err, rep.Err())
+		}
 		if !yes {
 			// Only counted: a purge removes forged letters and others alike.
 			list, err := ops.ListLetters(ctx, js, ops.LetterFilter{}, ops.Proofs{})
@@ -612,7 +681,7 @@ its audit line and audit event, as with rm.`,
 			}
 			return fmt.Errorf("purge removes all %d dead letters in %s without republishing any: look at them with steward dlq ls, then run steward dlq purge --yes", len(list.Letters), events.StreamDLQ)
 		}
-		rep, err := ops.PurgeLetters(ctx, js, ops.ActOptions{Log: g.log.With().Str("component", "dlq").Logger(), Actor: "steward dlq", NoAuditEvents: noAuditEvents})
+		rep, err := ops.PurgeLetters(ctx, js, o)
 		if err != nil {
 			return withServerHint(g, err)
 		}

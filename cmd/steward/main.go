@@ -36,9 +36,25 @@ func main() {
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "steward:", err)
-		os.Exit(1)
+		code := 1
+		var ec *exitCodeError
+		if errors.As(err, &ec) {
+			code = ec.code
+		}
+		os.Exit(code)
 	}
 }
+
+// exitCodeError is an error a command exits with a code of its own for,
+// documented in its help, so a script tells its answers apart without
+// reading the output (join status: not armed, unknown).
+type exitCodeError struct {
+	code int
+	err  error
+}
+
+func (e *exitCodeError) Error() string { return e.err.Error() }
+func (e *exitCodeError) Unwrap() error { return e.err }
 
 // globals holds the flags every command shares (docs/design.md §6, "all").
 type globals struct {

@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -190,6 +192,47 @@ func TestOpsHistoryCommand(t *testing.T) {
 	h := decodeJSON[ops.History](t, opsOK(t, srv.URL(), opsCmd("history"), "credential", "h1", "--json"))
 	if len(h.Entries) != 2 || h.Entries[1].CausationID != "rot-h1-1" || h.Entries[0].TraceID == "" {
 		t.Fatalf("history JSON %+v", h)
+	}
+}
+
+// TestOpsHistoryShowsRuleAndReason proves a refused outcome's rule and
+// reason are in history's REASON column and its JSON, secrets elided and
+// control characters escaped, and a dead letter's error beside it.
+func TestOpsHistoryShowsRuleAndReason(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	publishRotation(t, js, "h1", 1)
+	publishRotation(t, js, "h1", 2)
+	w := workertest.Start(t, js, testSpec("h1"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		if d.Event.ID() == "rot-h1-2" {
+			return workers.Permanent(fmt.Errorf("the hive's folder is gone"))
+		}
+		if err := d.Emit(ctx, "refused", map[string]string{"rule": "downgrade", "reason": "version 1 is older than the installed 2 \x1b[31m" + testSecret}); err != nil {
+			return err
+		}
+		return workers.Refused(fmt.Errorf("refused (downgrade)"))
+	}))
+	workertest.WaitIdle(t, js, w.ConsumerName())
+	workertest.WaitUntil(t, "the dead letter is stored", func() bool { return len(workertest.DeadLetters(t, js, "credential", "h1")) == 1 })
+
+	out := opsOK(t, srv.URL(), opsCmd("history"), "credential", "h1")
+	for _, want := range []string{"REASON", "downgrade: version 1 is older than the installed 2 \\x1b[31m[elided]", "the hive's folder is gone"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("history lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "\x1b") || strings.Contains(out, "c2VjcmV0") {
+		t.Errorf("history prints a control character or the secret:\n%s", out)
+	}
+	h := decodeJSON[ops.History](t, opsOK(t, srv.URL(), opsCmd("history"), "credential", "h1", "--json"))
+	var refused ops.Entry
+	for _, e := range h.Entries {
+		if e.Outcome == "refused" {
+			refused = e
+		}
+	}
+	if refused.Rule != "downgrade" || !strings.HasPrefix(refused.Reason, "version 1 is older") {
+		t.Fatalf("history JSON's refused entry %+v, want rule and reason", refused)
 	}
 }
 
@@ -441,5 +484,81 @@ func TestOutputEscapesControlCharacters(t *testing.T) {
 	o := &outputFlags{format: "yaml"}
 	if _, err := o.asJSON(); err == nil {
 		t.Fatal("-o yaml accepted")
+	}
+}
+
+// syncBuffer is a bytes.Buffer a command writes while a test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestOpsHistoryFollow proves history --follow --json prints the stored
+// entries, then each one stored afterwards as one JSON line, and ends
+// cleanly when its context is cancelled (Ctrl-C).
+func TestOpsHistoryFollow(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	publishRotation(t, js, "h1", 1)
+	g := &globals{natsURL: srv.URL(), replicas: 1, log: zerolog.Nop()}
+	cmd := opsCmd("history")(g)
+	var stdout syncBuffer
+	cmd.SetOut(&stdout)
+	cmd.SetErr(io.Discard)
+	cmd.SetArgs([]string{"credential", "h1", "--follow", "--json"})
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(ctx) }()
+
+	lines := func() []ops.Entry {
+		var out []ops.Entry
+		for _, l := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+			if l == "" {
+				continue
+			}
+			var e ops.Entry
+			if err := json.Unmarshal([]byte(l), &e); err != nil {
+				t.Fatalf("--follow --json line %q is not one JSON entry: %v", l, err)
+			}
+			out = append(out, e)
+		}
+		return out
+	}
+	workertest.WaitUntil(t, "the stored event is printed", func() bool { return len(lines()) == 1 })
+	publishRotation(t, js, "h1", 2)
+	w := workertest.Start(t, js, testSpec("h1"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		if err := d.Emit(ctx, "refused", map[string]string{"rule": "stale", "reason": "not above the applied version"}); err != nil {
+			return err
+		}
+		return workers.Refused(fmt.Errorf("refused (stale)"))
+	}))
+	workertest.WaitIdle(t, js, w.ConsumerName())
+	workertest.WaitUntil(t, "the new event and both refusals are printed", func() bool { return len(lines()) == 4 })
+	got := lines()
+	if got[0].ID != "rot-h1-1" || got[1].ID != "rot-h1-2" || got[2].Rule != "stale" || got[3].CausationID != "rot-h1-2" {
+		t.Fatalf("followed %+v", got)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("history --follow ended with %v, want nil when interrupted", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("history --follow did not end when its context was cancelled")
 	}
 }

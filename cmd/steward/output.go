@@ -110,6 +110,14 @@ func cell(v any) string {
 	return ops.Printable(fmt.Sprint(v))
 }
 
+// plural counts n of a thing whose plural adds an s: "1 round", "3 rounds".
+func plural(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
+}
+
 // ago says how long before now t was, rounded for a person.
 func ago(now, t time.Time) string {
 	d := now.Sub(t)

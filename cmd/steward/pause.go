@@ -28,7 +28,7 @@ until when. Without --until the pause holds until 'steward resume'.`,
 		Args: cobra.ExactArgs(2),
 	}
 	out := addOutputFlags(cmd)
-	cmd.Flags().StringVar(&until, "until", "", "resume by itself at this time: RFC 3339, or a duration from now (30m) (default: until `steward resume`)")
+	cmd.Flags().StringVar(&until, "until", "", "resume by itself at this time: RFC 3339, or a duration from now (30m) (default: until steward resume)")
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		asJSON, err := out.asJSON()
 		if err != nil {

@@ -63,13 +63,15 @@ Outcomes a replay emits go to the instance's outcome subject marked with the
 extension replay=true and a replayid naming the run, under ids of their own,
 so a console, 'steward history' and an audit tell them from the live ones.
 
-With --dry-run each event is decoded and validated and nothing is handled.
+With --dry-run each event is decoded and validated and nothing is handled, so
+only the instance's flag (--install, --box, --hive, --machine) is needed.
 A replay creates no durable state: no consumer, stream or bucket.
 
 One line is printed per event, then a summary (--json: one report); progress
 goes to stderr when it takes over a second. The exit status is 1 when an event
 failed, is invalid or would be dead-lettered (outside --dry-run).`,
-		Example: `  steward replay credential --hive h1 --age-identity h1.key --credential-dir /run/h1 --since 1h --dry-run`,
+		Example: `  steward replay credential --hive h1 --since 1h --dry-run
+  steward replay credential --hive h1 --age-identity h1.key --credential-dir /run/h1 --since 1h`,
 	}
 	out := addOutputFlags(cmd)
 	pf := cmd.PersistentFlags()
@@ -93,11 +95,22 @@ failed, is invalid or would be dead-lettered (outside --dry-run).`,
 				return err
 			}
 			from := workers.ReplayFrom{Sequence: fromSeq, Time: startTime}
-			h, err := build()
-			if err != nil {
-				return fmt.Errorf("%s worker: %w", k.name, err)
+			var (
+				spec    workers.Spec
+				handler workers.Handler
+			)
+			if dryRun {
+				if spec, handler, err = k.dryRunSpec(cmd.Flags()); err != nil {
+					return fmt.Errorf("%s worker: %w", k.name, err)
+				}
+			} else {
+				h, err := build()
+				if err != nil {
+					return fmt.Errorf("%s worker: %w", k.name, err)
+				}
+				defer h.Close()
+				spec, handler = h.Spec(), h
 			}
-			defer h.Close()
 			ctx := cmd.Context()
 			nc, js, err := g.connect(ctx, "steward replay "+k.name, false)
 			if err != nil {
@@ -112,7 +125,7 @@ failed, is invalid or would be dead-lettered (outside --dry-run).`,
 			if err != nil {
 				return fmt.Errorf("%s worker: %w", k.name, err)
 			}
-			r, err := workers.NewReplayer(ctx, js, h.Spec(), h, workers.WithLogger(g.log), workers.WithDocumentKeys(signer, verifier), workers.WithDomain(g.jsDomain))
+			r, err := workers.NewReplayer(ctx, js, spec, handler, workers.WithLogger(g.log), workers.WithDocumentKeys(signer, verifier), workers.WithDomain(g.jsDomain))
 			if err != nil {
 				return fmt.Errorf("%s worker: %w", k.name, err)
 			}

@@ -13,9 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/console"
 	"github.com/steward-dev/steward/internal/ops"
+	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/workertest"
 )
 
@@ -287,6 +290,60 @@ func TestConsoleKeyPageShowsCheckpoints(t *testing.T) {
 	body := get(t, c, r.url+"/key?worker=credential&key="+testHive)
 	if !strings.Contains(body, `id="checkpoints"`) || !strings.Contains(body, `<td class="applied">1</td>`) {
 		t.Fatalf("the key page shows no checkpoint:\n%s", body)
+	}
+}
+
+// TestConsoleKeyPageSaysWhy: a superseded rotation, a refused one and a
+// dead-lettered one are told apart on the key page in words and classes,
+// each with its reason, the refusal with its rule, and the superseded one
+// links to the entry of the event that superseded it.
+func TestConsoleKeyPageSaysWhy(t *testing.T) {
+	r := newRig(t, nil)
+	// With the worker stopped, versions 1 and 2 are queued together, so 1
+	// is superseded by 2; the unsigned 3 supersedes nothing and is refused.
+	if err := r.worker.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	r.rotation(1, "client-1", "first")
+	r.rotation(2, "client-2", "second")
+	workertest.PublishData(t, r.js, events.TypeCredentialRotated, testHive, events.CredentialRotated{Hive: testHive, Version: 3, ClientID: "client-3", Secret: "-----BEGIN AGE ENCRYPTED FILE-----\nx\n-----END AGE ENCRYPTED FILE-----\n"})
+	r.worker = workertest.Start(t, r.js, r.spec, r.handler, workers.WithMaxPanics(1), workers.WithLogger(zerolog.Nop()))
+	workertest.WaitIdle(t, r.js, r.worker.ConsumerName())
+	r.broken.Store(true)
+	r.rotation(4, "client-4", "fourth")
+	workertest.WaitUntil(t, "the rotation is dead-lettered", func() bool { return len(workertest.DeadLetters(t, r.js, "credential", testHive)) == 1 })
+
+	h, err := ops.GetHistory(context.Background(), r.js, ops.HistoryOptions{Worker: "credential", Key: testHive})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var by, rule string
+	for _, e := range h.Entries {
+		if e.Outcome == "superseded" {
+			by = e.SupersededBy
+		}
+		if e.Outcome == "refused" {
+			rule = e.Rule
+		}
+	}
+	if by == "" || rule == "" {
+		t.Fatalf("no superseded outcome naming its successor, or no refusal naming its rule: %+v", h.Entries)
+	}
+	c, _ := login(t, r.url)
+	body := get(t, c, r.url+"/key?worker=credential&key="+testHive)
+	for _, want := range []string{
+		`<span class="verdict verdict-superseded">superseded</span>`,
+		`<span class="verdict verdict-refused">refused</span>`,
+		`<span class="verdict verdict-dead-lettered">dead-lettered</span>`,
+		`<b class="rule">` + rule + `</b>: `,
+		`superseded by ` + by,
+		`<a class="superseded-by" href="#event-` + by + `">`,
+		`<tr id="event-` + by + `"`,
+		"panic",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the key page lacks %s:\n%s", want, body)
+		}
 	}
 }
 

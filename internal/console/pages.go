@@ -39,6 +39,7 @@ func parseTemplates() (map[string]*template.Template, error) {
 		// forgedNote is what to do about forged entries, worded once for
 		// the console and steward history alike.
 		"forgedNote": func() string { return ops.ForgedNote },
+		"verdict":    verdictOf,
 		"keyQuery": func(d keyData) string {
 			v := url.Values{"worker": {d.Worker}, "key": {d.Key}}
 			if d.Instance != "" {
@@ -59,6 +60,27 @@ func parseTemplates() (map[string]*template.Template, error) {
 		out[name] = t
 	}
 	return out, nil
+}
+
+// verdict is what became of an event, as a history row shows it: the word
+// and a CSS class, so a refusal, a supersede and a dead letter are told
+// apart by someone who cannot tell the colours apart too.
+type verdict struct{ Word, Class string }
+
+// verdictOf is an entry's verdict. The class is chosen from a fixed set,
+// never from the outcome's name, which whoever could publish wrote.
+func verdictOf(e ops.Entry) verdict {
+	switch e.Kind {
+	case ops.EntryEvent:
+		return verdict{"event", "verdict-event"}
+	case ops.EntryDeadLetter:
+		return verdict{"dead-lettered", "verdict-dead-lettered"}
+	}
+	switch e.Outcome {
+	case "refused", "superseded", "applied", "failed":
+		return verdict{e.Outcome, "verdict-" + e.Outcome}
+	}
+	return verdict{"outcome " + e.Outcome, "verdict-other"}
 }
 
 func tsp(t *time.Time) string {

@@ -60,6 +60,9 @@ type rig struct {
 	recipient string
 	credDir   string
 	worker    *workertest.Running
+	// spec and handler start the credential worker again (restart).
+	spec    workers.Spec
+	handler workers.Handler
 	// broken makes the credential handler panic, as a bug would, so the
 	// runtime dead-letters the event (WithMaxPanics(1)); clearing it is
 	// deploying the fix.
@@ -108,7 +111,8 @@ func newRigAt(t testing.TB, signer console.Signer, now func() time.Time) *rig {
 		}
 		return cw.Handle(ctx, d)
 	})
-	r.worker = workertest.Start(t, r.js, cw.Spec(), h, workers.WithMaxPanics(1), workers.WithLogger(zerolog.Nop()))
+	r.spec, r.handler = cw.Spec(), h
+	r.worker = workertest.Start(t, r.js, r.spec, h, workers.WithMaxPanics(1), workers.WithLogger(zerolog.Nop()))
 
 	pub := publisher.New(r.js)
 	in, err := publisher.NewIngress(pub, publisher.IngressConfig{Token: testToken})

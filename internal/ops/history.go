@@ -3,6 +3,7 @@ package ops
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -59,6 +60,12 @@ type History struct {
 	Unreadable []Unreadable `json:"unreadable"`
 	// Forged counts the entries marked Forged.
 	Forged int `json:"forged"`
+
+	// follow and through are where FollowHistory goes on from: the
+	// reader of the key (with the events read), and the last sequence
+	// read of each stream.
+	follow  *keyReader
+	through map[string]uint64
 }
 
 // Entry is one event, outcome or dead letter of a key's history.
@@ -80,8 +87,16 @@ type Entry struct {
 	TraceID string `json:"traceId,omitempty"`
 	// Instance is the worker instance of an outcome or dead letter.
 	Instance string `json:"instance,omitempty"`
-	// Reason is why a dead letter is dead, secrets elided.
+	// Rule is the rule a refused outcome names (a constant of its
+	// worker: downgrade, signature, ...), so a refusal reads as the rule
+	// broken, not only as "refused".
+	Rule string `json:"rule,omitempty"`
+	// Reason is why: a refused or superseded outcome's reason (its data's
+	// reason), a dead letter's Steward-Error; secrets elided, on one line.
 	Reason string `json:"reason,omitempty"`
+	// SupersededBy is the id of the event that superseded a superseded
+	// outcome's event, so its entry can be found in the same history.
+	SupersededBy string `json:"supersededBy,omitempty"`
 	// Replay marks an outcome a replay emitted, not the live consumer.
 	Replay bool `json:"replay,omitempty"`
 	// Forged says why an outcome or dead letter is not believed: it
@@ -133,71 +148,24 @@ func GetHistory(ctx context.Context, js jetstream.JetStream, o HistoryOptions) (
 	if err != nil {
 		return nil, err
 	}
-	ids := map[string]bool{}
-	err = h.read(ctx, js, events.StreamEvents, subjects, o.Since, func(meta *jetstream.MsgMetadata, m jetstream.Msg, e event.Event) {
-		if e.Subject() != o.Key {
-			return
-		}
-		ids[e.ID()] = true
-		h.Entries = append(h.Entries, entryOf(EntryEvent, events.StreamEvents, meta, m.Subject(), e))
-	})
-	if err != nil {
-		return nil, err
-	}
-
 	tail := ">"
 	if o.Instance != "" {
 		tail = o.Instance
 	}
-	err = h.read(ctx, js, events.StreamOutcomes, []string{events.OutcomesPrefix + "." + o.Worker + "." + tail}, o.Since,
-		func(meta *jetstream.MsgMetadata, m jetstream.Msg, e event.Event) {
-			cause, _ := e.Extensions()["causationid"].(string)
-			if !ids[cause] && e.Subject() != o.Key {
-				return
-			}
-			subject := m.Subject()
-			en := entryOf(EntryOutcome, events.StreamOutcomes, meta, subject, e)
-			en.CausationID = cause
-			en.Instance = lastToken(subject)
-			en.Outcome = outcomeName(e.Type())
-			en.Replay = isReplay(e)
-			en.Forged, en.Unverified = o.Proofs.outcome(subject, meta.Timestamp, m.Headers(), m.Data(), e)
-			h.add(en)
-		})
-	if err != nil {
-		return nil, err
-	}
-
-	dlqSubject := events.DLQPrefix + "." + o.Worker + "." + tail
-	if s, err := streamOrNone(ctx, js, events.StreamDLQ); err != nil {
-		return nil, err
-	} else if s != nil {
-		err = streamread.Each(ctx, js, streamread.Range{Stream: events.StreamDLQ, Subjects: []string{dlqSubject}, StartTime: o.Since},
-			func(m jetstream.Msg) error {
-				meta, err := m.Metadata()
-				if err != nil {
-					return err
-				}
-				d := events.ParseDeadLetter(meta.Sequence.Stream, m.Subject(), m.Headers(), m.Data())
-				key := ""
-				if d.Event != nil {
-					key = d.Event.Subject()
-				}
-				if !ids[d.EventID()] && key != o.Key {
-					return nil
-				}
-				en := Entry{Kind: EntryDeadLetter, Stream: events.StreamDLQ, Sequence: d.DLQSequence, Subject: d.DLQSubject,
-					Time: meta.Timestamp.UTC(), ID: d.EventID(), Key: key, CausationID: d.EventID(),
-					Instance: lastToken(d.DLQSubject), Reason: Elide(oneLine(d.Reason))}
-				if d.Event != nil {
-					en.Type, en.TraceID = d.Event.Type(), traceID(*d.Event)
-				}
-				en.Forged, en.Unverified = o.Proofs.letter(d, meta.Timestamp)
+	k := &keyReader{o: o, ids: map[string]bool{}, subjects: map[string][]string{
+		events.StreamEvents:   subjects,
+		events.StreamOutcomes: {events.OutcomesPrefix + "." + o.Worker + "." + tail},
+		events.StreamDLQ:      {events.DLQPrefix + "." + o.Worker + "." + tail},
+	}}
+	h.follow = k
+	h.through = map[string]uint64{}
+	for _, stream := range []string{events.StreamEvents, events.StreamOutcomes, events.StreamDLQ} {
+		if err := h.read(ctx, js, stream, k.subjects[stream], o.Since, func(m jetstream.Msg, meta *jetstream.MsgMetadata) {
+			if en, ok := k.entry(h, stream, m, meta); ok {
 				h.add(en)
-				return nil
-			})
-		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", events.StreamDLQ, err)
+			}
+		}); err != nil {
+			return nil, err
 		}
 	}
 
@@ -210,6 +178,114 @@ func GetHistory(ctx context.Context, js jetstream.JetStream, o HistoryOptions) (
 	return h, nil
 }
 
+// FollowHistory calls fn with every entry of h's key stored after h was
+// read, as it is stored, until ctx ends (then it returns nil) or fn fails.
+// It reads each stream with an ordered consumer from after the last
+// message h read, so nothing is shown twice and nothing stored meanwhile
+// is skipped. Entries of different streams come in the order they arrive;
+// an outcome is still known by its causation once its event has come. A
+// stream created after h was read is followed from its first message.
+func FollowHistory(ctx context.Context, js jetstream.JetStream, h *History, fn func(Entry) error) error {
+	if h.follow == nil {
+		return errors.New("the history was not read by GetHistory, so there is nowhere to follow it from")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type arrival struct {
+		stream string
+		m      jetstream.Msg
+	}
+	arrived := make(chan arrival)
+	failed := make(chan error, 3)
+	for _, stream := range []string{events.StreamEvents, events.StreamOutcomes, events.StreamDLQ} {
+		cfg := jetstream.OrderedConsumerConfig{FilterSubjects: h.follow.subjects[stream], InactiveThreshold: 5 * time.Second,
+			DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: h.through[stream] + 1}
+		go func() {
+			failed <- followStream(ctx, js, stream, cfg, func(m jetstream.Msg) bool {
+				select {
+				case arrived <- arrival{stream, m}:
+					return true
+				case <-ctx.Done():
+					return false
+				}
+			})
+		}()
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-failed:
+			if err != nil && ctx.Err() == nil {
+				return err
+			}
+		case a := <-arrived:
+			meta, err := a.m.Metadata()
+			if err != nil {
+				return fmt.Errorf("follow %s: %w", a.stream, err)
+			}
+			h.through[a.stream] = meta.Sequence.Stream
+			en, ok := h.follow.entry(h, a.stream, a.m, meta)
+			if !ok {
+				continue
+			}
+			if en.Forged != "" {
+				h.Forged++
+			}
+			if err := fn(en); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// followStream hands each message of an ordered consumer to give until
+// ctx ends or give says stop. A stream that does not exist yet is waited
+// for: the first worker or setup makes it.
+func followStream(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.OrderedConsumerConfig, give func(jetstream.Msg) bool) error {
+	var s jetstream.Stream
+	for {
+		var err error
+		s, err = js.Stream(ctx, stream)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("follow %s: %w", stream, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+	cons, err := s.OrderedConsumer(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("follow %s: %w", stream, err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("follow %s: %w", stream, err)
+	}
+	// Next blocks until a message comes; stopping the iterator when ctx
+	// ends is what returns it.
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	for {
+		m, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return nil
+			}
+			return fmt.Errorf("follow %s: %w", stream, err)
+		}
+		if !give(m) {
+			return nil
+		}
+	}
+}
+
 // add appends an entry and counts it when it is forged.
 func (h *History) add(en Entry) {
 	if en.Forged != "" {
@@ -218,30 +294,92 @@ func (h *History) add(en Entry) {
 	h.Entries = append(h.Entries, en)
 }
 
-// read calls fn for every event of the subjects of a stream, and records
-// the messages that are not events. A missing stream reads as empty.
+// read calls fn for every message of the subjects of a stream, and
+// records how far it read (through) for FollowHistory. A missing stream
+// reads as empty.
 func (h *History) read(ctx context.Context, js jetstream.JetStream, stream string, subjects []string, since time.Time,
-	fn func(meta *jetstream.MsgMetadata, m jetstream.Msg, e event.Event)) error {
-	if s, err := streamOrNone(ctx, js, stream); err != nil || s == nil {
+	fn func(m jetstream.Msg, meta *jetstream.MsgMetadata)) error {
+	s, err := streamOrNone(ctx, js, stream)
+	if err != nil || s == nil {
 		return err
 	}
-	err := streamread.Each(ctx, js, streamread.Range{Stream: stream, Subjects: subjects, StartTime: since}, func(m jetstream.Msg) error {
+	// Where a follower starts: after the last message read, and never
+	// before the stream's last one now, so a follower of a history whose
+	// range held nothing does not go back over what --since left out.
+	h.through[stream] = s.CachedInfo().State.LastSeq
+	err = streamread.Each(ctx, js, streamread.Range{Stream: stream, Subjects: subjects, StartTime: since}, func(m jetstream.Msg) error {
 		meta, err := m.Metadata()
 		if err != nil {
 			return err
 		}
-		e, err := events.Decode(m.Headers(), m.Data())
-		if err != nil {
-			h.Unreadable = append(h.Unreadable, Unreadable{Stream: stream, Sequence: meta.Sequence.Stream, Subject: m.Subject(), Error: Elide(oneLine(err.Error()))})
-			return nil
-		}
-		fn(meta, m, e)
+		h.through[stream] = max(h.through[stream], meta.Sequence.Stream)
+		fn(m, meta)
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("read %s: %w", stream, err)
 	}
 	return nil
+}
+
+// keyReader turns the stored messages of a key's subjects into history
+// entries: GetHistory's read and FollowHistory's share it, so a followed
+// entry is what a later history would show.
+type keyReader struct {
+	o HistoryOptions
+	// subjects are the subjects read of each stream.
+	subjects map[string][]string
+	// ids are the key's events read so far: outcomes and letters are the
+	// key's when their causation names one, or their key is the key.
+	ids map[string]bool
+}
+
+// entry is the entry of a message of stream, or false when it is not of
+// the key. A message that is not an event is recorded in h.Unreadable.
+func (k *keyReader) entry(h *History, stream string, m jetstream.Msg, meta *jetstream.MsgMetadata) (Entry, bool) {
+	if stream == events.StreamDLQ {
+		d := events.ParseDeadLetter(meta.Sequence.Stream, m.Subject(), m.Headers(), m.Data())
+		key := ""
+		if d.Event != nil {
+			key = d.Event.Subject()
+		}
+		if !k.ids[d.EventID()] && key != k.o.Key {
+			return Entry{}, false
+		}
+		en := Entry{Kind: EntryDeadLetter, Stream: events.StreamDLQ, Sequence: d.DLQSequence, Subject: d.DLQSubject,
+			Time: meta.Timestamp.UTC(), ID: d.EventID(), Key: key, CausationID: d.EventID(),
+			Instance: lastToken(d.DLQSubject), Reason: Elide(oneLine(d.Reason))}
+		if d.Event != nil {
+			en.Type, en.TraceID = d.Event.Type(), traceID(*d.Event)
+		}
+		en.Forged, en.Unverified = k.o.Proofs.letter(d, meta.Timestamp)
+		return en, true
+	}
+	e, err := events.Decode(m.Headers(), m.Data())
+	if err != nil {
+		h.Unreadable = append(h.Unreadable, Unreadable{Stream: stream, Sequence: meta.Sequence.Stream, Subject: m.Subject(), Error: Elide(oneLine(err.Error()))})
+		return Entry{}, false
+	}
+	if stream == events.StreamEvents {
+		if e.Subject() != k.o.Key {
+			return Entry{}, false
+		}
+		k.ids[e.ID()] = true
+		return entryOf(EntryEvent, events.StreamEvents, meta, m.Subject(), e), true
+	}
+	cause, _ := e.Extensions()["causationid"].(string)
+	if !k.ids[cause] && e.Subject() != k.o.Key {
+		return Entry{}, false
+	}
+	subject := m.Subject()
+	en := entryOf(EntryOutcome, events.StreamOutcomes, meta, subject, e)
+	en.CausationID = cause
+	en.Instance = lastToken(subject)
+	en.Outcome = outcomeName(e.Type())
+	en.Replay = isReplay(e)
+	en.Rule, en.Reason, en.SupersededBy = outcomeWhy(e)
+	en.Forged, en.Unverified = k.o.Proofs.outcome(subject, meta.Timestamp, m.Headers(), m.Data(), e)
+	return en, true
 }
 
 // keySubjects are the event subjects a worker reads that may hold key's
@@ -291,6 +429,29 @@ func traceID(e event.Event) string {
 		return ""
 	}
 	return parts[1]
+}
+
+// outcomeWhy reads why an outcome is what it is from its data: the rule
+// and reason of a refusal ({rule, reason}, every worker's refused outcome)
+// and the superseding event of a superseded one (workers.Superseded). Data
+// that is not a JSON object, or fields that are not strings, read as none:
+// the data was written by whoever could publish, and the entry is listed
+// either way. The rule is a worker's constant, but the reason quotes what
+// was found, so both are elided and kept on one line.
+func outcomeWhy(e event.Event) (rule, reason, supersededBy string) {
+	var why struct {
+		Rule         any `json:"rule"`
+		Reason       any `json:"reason"`
+		SupersededBy any `json:"supersededBy"`
+	}
+	if json.Unmarshal(e.Data(), &why) != nil {
+		return "", "", ""
+	}
+	str := func(v any) string {
+		s, _ := v.(string)
+		return Elide(oneLine(s))
+	}
+	return str(why.Rule), str(why.Reason), str(why.SupersededBy)
 }
 
 // isReplay says whether an outcome was emitted by a replay

@@ -363,3 +363,121 @@ func TestElide(t *testing.T) {
 		}
 	}
 }
+
+// TestHistoryNamesTheRuleAndReason proves every superseded and refused
+// outcome and every dead letter in a key's history says why: the rule and
+// reason of a refusal (its secret elided), the event that superseded an
+// event, a dead letter's error.
+func TestHistoryNamesTheRuleAndReason(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	// Published before the worker starts, so versions 1 and 2 are queued
+	// behind each other and superseded by 3.
+	for v := 1; v <= 3; v++ {
+		publishTraced(t, js, "h1", v, "")
+	}
+	spec := credSpec("h1")
+	spec.Rank = func(_ context.Context, d *workers.Delivery) (uint64, error) {
+		var r events.CredentialRotated
+		err := d.DataAs(&r)
+		return r.Version, err
+	}
+	w := workertest.Start(t, js, spec, workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		var r events.CredentialRotated
+		if err := d.DataAs(&r); err != nil {
+			return err
+		}
+		if r.Version == 4 {
+			return workers.Permanent(errors.New("the hive's folder is gone"))
+		}
+		if err := d.Emit(ctx, "refused", map[string]string{"rule": "signature", "reason": "the rotation does not verify:\n" + r.Secret}); err != nil {
+			return err
+		}
+		return workers.Refused(errors.New("refused (signature)"))
+	}))
+	workertest.WaitIdle(t, js, w.ConsumerName())
+	publishTraced(t, js, "h1", 4, "")
+	workertest.WaitUntil(t, "the dead letter is stored", func() bool { return len(workertest.DeadLetters(t, js, "credential", "h1")) == 1 })
+
+	h, err := ops.GetHistory(context.Background(), js, ops.HistoryOptions{Worker: "credential", Key: "h1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	by := map[string]ops.Entry{}
+	for _, e := range h.Entries {
+		if e.Kind != ops.EntryEvent {
+			by[e.CausationID] = e
+		}
+	}
+	for _, v := range []string{"rot-h1-1", "rot-h1-2"} {
+		if e := by[v]; e.Outcome != "superseded" || e.SupersededBy != "rot-h1-3" || !strings.Contains(e.Reason, "superseded by rot-h1-3") {
+			t.Errorf("outcome of %s: %+v, want superseded by rot-h1-3 with the reason", v, e)
+		}
+	}
+	if e := by["rot-h1-3"]; e.Outcome != "refused" || e.Rule != "signature" || !strings.Contains(e.Reason, "does not verify: [elided]") || strings.Contains(e.Reason, "c2VjcmV0") {
+		t.Errorf("outcome of rot-h1-3: %+v, want rule signature and the reason on one line, secret elided", e)
+	}
+	if e := by["rot-h1-4"]; e.Kind != ops.EntryDeadLetter || !strings.Contains(e.Reason, "folder is gone") {
+		t.Errorf("dead letter of rot-h1-4: %+v", e)
+	}
+	raw, _ := json.Marshal(h)
+	for _, field := range []string{`"rule":"signature"`, `"supersededBy":"rot-h1-3"`} {
+		if !strings.Contains(string(raw), field) {
+			t.Errorf("history JSON lacks %s: %s", field, raw)
+		}
+	}
+}
+
+// TestFollowHistoryShowsWhatIsStoredNext reads a key's history, follows it,
+// and proves the events and outcomes stored afterwards come once each and
+// in order, another key's never, and that cancelling ends the follow.
+func TestFollowHistoryShowsWhatIsStoredNext(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	first := publishTraced(t, js, "h1", 1, "")
+	h, err := ops.GetHistory(context.Background(), js, ops.HistoryOptions{Worker: "credential", Key: "h1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Entries) != 1 || h.Entries[0].ID != first {
+		t.Fatalf("history before following: %+v", h.Entries)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	got := make(chan ops.Entry, 16)
+	done := make(chan error, 1)
+	go func() {
+		done <- ops.FollowHistory(ctx, js, h, func(e ops.Entry) error { got <- e; return nil })
+	}()
+	publishTraced(t, js, "h2", 1, "") // another key
+	second := publishTraced(t, js, "h1", 2, "")
+	w := workertest.Start(t, js, credSpec("h1"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		return d.Emit(ctx, "applied", nil)
+	}))
+	workertest.WaitIdle(t, js, w.ConsumerName())
+
+	var seen []string
+	workertest.WaitUntil(t, "the follower shows the second event and both outcomes", func() bool {
+		for {
+			select {
+			case e := <-got:
+				seen = append(seen, e.Kind+":"+e.ID)
+			default:
+				return len(seen) >= 3
+			}
+		}
+	})
+	want := []string{"event:" + second, "outcome:credential-h1-1-applied", "outcome:credential-h1-3-applied"}
+	if strings.Join(seen, " ") != strings.Join(want, " ") {
+		t.Fatalf("followed %v, want %v", seen, want)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("follow ended with %v, want nil on cancel", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("follow did not end when its context was cancelled")
+	}
+}

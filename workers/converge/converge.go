@@ -154,9 +154,14 @@ func New(cfg Config) (*Worker, error) {
 // Spec consumes every release.published, one at a time in stream order for
 // the whole install: releases are ordered by the install, not by their
 // version, so they share one checkpoint and never run side by side.
-func (w *Worker) Spec() workers.Spec {
+func (w *Worker) Spec() workers.Spec { return SpecFor(w.cfg.Install) }
+
+// SpecFor is the Spec of the worker of install. It needs nothing of the
+// Config but the instance, so a dry run (steward replay --dry-run, which
+// decodes and validates and handles nothing) reads the instance's subjects
+// without the registry, keys and runner a handler needs.
+func SpecFor(install string) workers.Spec {
 	k, _ := events.Lookup(events.TypeReleasePublished)
-	install := w.cfg.Install
 	return workers.Spec{
 		Name:     Name,
 		Instance: install,

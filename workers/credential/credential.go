@@ -204,14 +204,23 @@ func New(cfg Config) (*Worker, error) {
 
 // Spec consumes the hive's own credential.rotated subject.
 func (w *Worker) Spec() workers.Spec {
+	s := SpecFor(w.hive)
+	// A rotation is the hive's whole current credential: of several not
+	// yet applied, only the newest version matters.
+	s.Rank = w.rank
+	return s
+}
+
+// SpecFor is the Spec of the worker of hive without its Rank, which needs
+// the controller keys and the hive's identity: what a dry run (steward
+// replay --dry-run, which decodes and validates and handles nothing) reads
+// the instance's subjects with.
+func SpecFor(hive string) workers.Spec {
 	return workers.Spec{
 		Name:     Name,
-		Instance: w.hive,
-		Subjects: []string{events.EventsPrefix + ".credential.rotated." + w.hive},
+		Instance: hive,
+		Subjects: []string{events.EventsPrefix + ".credential.rotated." + hive},
 		Types:    []string{events.TypeCredentialRotated},
-		// A rotation is the hive's whole current credential: of several
-		// not yet applied, only the newest version matters.
-		Rank: w.rank,
 	}
 }
 

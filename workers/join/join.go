@@ -247,16 +247,25 @@ func loadKeySet(flag, spec string) (*signing.KeySet, error) {
 
 // Spec consumes this box's invitations and every host floor.
 func (w *Worker) Spec() workers.Spec {
+	s := SpecFor(w.cfg.Box)
+	// The box's invitation and its deployment's floor are each the
+	// current one: of several not yet applied, only the newest counts.
+	s.Rank = w.rank
+	return s
+}
+
+// SpecFor is the Spec of the worker of box without its Rank, which needs
+// the console and release keys: what a dry run (steward replay --dry-run,
+// which decodes and validates and handles nothing) reads the instance's
+// subjects with.
+func SpecFor(box string) workers.Spec {
 	inv, _ := events.Lookup(events.TypeInvitationWritten)
 	floor, _ := events.Lookup(events.TypeHostFloorPublished)
 	return workers.Spec{
 		Name:     Name,
-		Instance: w.cfg.Box,
-		Subjects: []string{inv.FilterSubject(w.cfg.Box), floor.FilterSubject("")},
+		Instance: box,
+		Subjects: []string{inv.FilterSubject(box), floor.FilterSubject("")},
 		Types:    []string{events.TypeInvitationWritten, events.TypeHostFloorPublished},
-		// The box's invitation and its deployment's floor are each the
-		// current one: of several not yet applied, only the newest counts.
-		Rank: w.rank,
 	}
 }
 

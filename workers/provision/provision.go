@@ -194,17 +194,26 @@ func newWorker(cfg Config, tracer pgx.QueryTracer) (*Worker, error) {
 
 // Spec says the worker consumes grant.changed for its machine only.
 func (w *Worker) Spec() workers.Spec {
+	s := SpecFor(w.machine)
+	// A grant is the whole desired state of the machine: of several not
+	// yet applied, only the newest generation matters.
+	s.Rank = w.rank
+	return s
+}
+
+// SpecFor is the Spec of the worker of machine without its Rank, which
+// needs the controller keys: what a dry run (steward replay --dry-run, which
+// decodes and validates and handles nothing) reads the instance's subjects
+// with.
+func SpecFor(machine string) workers.Spec {
 	k, _ := events.Lookup(events.TypeGrantChanged)
 	return workers.Spec{
 		Name:     Name,
-		Instance: w.machine,
-		Subjects: []string{k.FilterSubject(w.machine)},
+		Instance: machine,
+		Subjects: []string{k.FilterSubject(machine)},
 		Types:    []string{events.TypeGrantChanged},
 		// The catalog names these outcomes grant.applied and grant.refused.
 		OutcomeNoun: OutcomeNoun,
-		// A grant is the whole desired state of the machine: of several
-		// not yet applied, only the newest generation matters.
-		Rank: w.rank,
 	}
 }
 
