@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/atomicfile"
 	"github.com/steward-dev/steward/internal/signing"
 	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers"
@@ -110,9 +111,12 @@ func (f *fixture) loadKey(name string) crypto.Signer {
 	return k
 }
 
+// write puts a file in place whole, as a host's provisioning does: the
+// worker retries every 50ms here, and a file read between its creation and
+// its write would be an empty record, whose digest the invitation refuses.
 func (f *fixture) write(name, content string, perm os.FileMode) {
 	f.t.Helper()
-	if err := os.WriteFile(f.path(name), []byte(content), perm); err != nil {
+	if err := atomicfile.Write(f.path(name), []byte(content), perm); err != nil {
 		f.t.Fatal(err)
 	}
 	if err := os.Chmod(f.path(name), perm); err != nil {
