@@ -46,7 +46,11 @@ type StoreOptions struct {
 // replace it.
 type Store struct {
 	kv  jetstream.KeyValue
-	raw jetstream.Stream // the bucket's stream, for what a forged message's headers say
+	// js finds the bucket's stream, for what a forged message's headers
+	// say; rawStream is it once found.
+	js        jetstream.JetStream
+	rawMu     sync.Mutex
+	rawStream jetstream.Stream
 	o   StoreOptions
 	// legacyBelow is the upgrade record's sequence: unsigned documents at
 	// or below it are the previous version's.
@@ -54,6 +58,10 @@ type Store struct {
 	// upgradedAt is when the upgrade record was made: unsigned outcomes
 	// and dead letters stored before it are the previous version's.
 	upgradedAt time.Time
+	// upgradeRead says the upgrade record has been read; a store that has
+	// not read it reads it at the first unsigned document it meets, so an
+	// instance whose documents are all signed never asks for it.
+	upgradeRead bool
 
 	mu sync.Mutex
 	// hwm is, per key, the highest counter this process has read or
@@ -86,16 +94,24 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, o StoreOptions) (*St
 	return s, nil
 }
 
-// BindStream finds the bucket's stream on js, so a forged document's
-// stored headers can say where it was reflected from. Without it, they
-// are not read.
-func (s *Store) BindStream(ctx context.Context, js jetstream.JetStream) {
-	if js == nil {
-		return
+// BindStream lets the store find the bucket's stream on js, so a forged
+// document's stored headers can say where it was reflected from; without
+// it, they are not read. The stream is looked up on the first forgery, not
+// here: a stream info is the meta leader's work, and ten thousand
+// instances starting at once must not send it ten thousand.
+func (s *Store) BindStream(_ context.Context, js jetstream.JetStream) { s.js = js }
+
+// raw is the bucket's stream, looked up once on first use (nil when it
+// cannot be).
+func (s *Store) raw(ctx context.Context) jetstream.Stream {
+	s.rawMu.Lock()
+	defer s.rawMu.Unlock()
+	if s.rawStream == nil && s.js != nil {
+		if st, err := s.js.Stream(ctx, "KV_"+CheckpointBucket); err == nil {
+			s.rawStream = st
+		}
 	}
-	if st, err := js.Stream(ctx, "KV_"+CheckpointBucket); err == nil {
-		s.raw = st
-	}
+	return s.rawStream
 }
 
 // KV is the bucket, for watches and listings whose entries Open verifies.
@@ -127,7 +143,7 @@ func (s *Store) LoadUpgrade(ctx context.Context) error {
 		}
 	}
 	s.mu.Lock()
-	s.legacyBelow, s.upgradedAt = u.Sequence, u.At
+	s.legacyBelow, s.upgradedAt, s.upgradeRead = u.Sequence, u.At, true
 	s.mu.Unlock()
 	return nil
 }
@@ -223,6 +239,19 @@ func (s *Store) open(ctx context.Context, key string, raw []byte, rev uint64) Do
 		return d
 	}
 	opened, err := s.o.Verifier.Open(s.scope(key), raw, d.Info.Writer)
+	if errors.Is(err, proof.ErrUnsigned) && key != UpgradeKey {
+		s.mu.Lock()
+		read := s.upgradeRead
+		s.mu.Unlock()
+		if !read {
+			// Left unread on an error: the document is then not believed
+			// (the safe side), and the next unsigned one tries again.
+			_ = s.LoadUpgrade(ctx)
+			s.mu.Lock()
+			legacyBelow = s.legacyBelow
+			s.mu.Unlock()
+		}
+	}
 	switch {
 	case errors.Is(err, proof.ErrUnsigned) && rev <= legacyBelow:
 		d.Value, d.Trusted, d.Legacy = bytes.Clone(opened.Content), true, true
@@ -266,7 +295,8 @@ func (s *Store) forged(ctx context.Context, d Doc, reason string) Doc {
 // under a key it may not publish to, so this names the key, and with it
 // the identity, that made the request. Zero when it cannot be read.
 func (s *Store) inspect(ctx context.Context, key string) (uint64, string) {
-	if s.raw == nil {
+	stream := s.raw(ctx)
+	if stream == nil {
 		return 0, ""
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -274,7 +304,7 @@ func (s *Store) inspect(ctx context.Context, key string) (uint64, string) {
 	// By subject, not by sequence: an instance may read only its own keys,
 	// and a read by sequence could be anyone's.
 	prefix := "$KV." + CheckpointBucket + "."
-	m, err := s.raw.GetLastMsgForSubject(ctx, prefix+key)
+	m, err := stream.GetLastMsgForSubject(ctx, prefix+key)
 	if err != nil {
 		return 0, ""
 	}
@@ -371,10 +401,11 @@ func (s *Store) RecordUpgrade(ctx context.Context) (Upgrade, error) {
 	if s.o.Signer == nil || s.o.Signer.By() != OperatorWriter {
 		return Upgrade{}, fmt.Errorf("the upgrade record of %s is missing and only the operator's document key may write it (it sits beside the operator's credentials as operator.dockey)", CheckpointBucket)
 	}
-	if s.raw == nil {
+	stream := s.raw(ctx)
+	if stream == nil {
 		return Upgrade{}, fmt.Errorf("the upgrade record of %s: the bucket's stream was not found", CheckpointBucket)
 	}
-	info, err := s.raw.Info(ctx)
+	info, err := stream.Info(ctx)
 	if err != nil {
 		return Upgrade{}, fmt.Errorf("the upgrade record of %s: %w", CheckpointBucket, err)
 	}

@@ -82,13 +82,9 @@ func (w *Runtime) newStore(ctx context.Context, kv jetstream.KeyValue) (*events.
 		Signer: w.o.signer, Verifier: w.o.verifier, Domain: w.o.domain, Now: w.o.now,
 		OnForged: w.noteForgery,
 	})
+	// The upgrade record is read at the first unsigned document, not here:
+	// a fleet starting at once sends the server nothing for it.
 	s.BindStream(ctx, w.js)
-	if err := s.LoadUpgrade(ctx); err != nil {
-		// The safe side: without the record no unsigned document is
-		// believed, and those keys are decided again. (A replicated
-		// bucket just made can answer "no responders" for a moment.)
-		w.log.Warn().Err(err).Msg("the upgrade record could not be read; unsigned documents are not believed")
-	}
 	return s, nil
 }
 
