@@ -45,13 +45,13 @@ type StoreOptions struct {
 // returned untrusted, with its revision, so a compare-and-swap can still
 // replace it.
 type Store struct {
-	kv  jetstream.KeyValue
+	kv jetstream.KeyValue
 	// js finds the bucket's stream, for what a forged message's headers
 	// say; rawStream is it once found.
 	js        jetstream.JetStream
 	rawMu     sync.Mutex
 	rawStream jetstream.Stream
-	o   StoreOptions
+	o         StoreOptions
 	// legacyBelow is the upgrade record's sequence: unsigned documents at
 	// or below it are the previous version's.
 	legacyBelow uint64
