@@ -351,7 +351,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 
 func (s *Store) put(ctx context.Context, key string, content []byte, rev uint64, cas bool) (uint64, error) {
 	if s.o.Signer == nil {
-		return 0, fmt.Errorf("write %s: this store has no document key to sign with", key)
+		return 0, fmt.Errorf("write %s: no document key to sign it with, so nothing was written; give the identity its key (--document-key, or the .dockey that steward creds issue writes beside the credentials)", key)
 	}
 	s.mu.Lock()
 	n := s.hwm[key] + 1

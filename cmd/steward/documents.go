@@ -130,20 +130,14 @@ func (g *globals) documents(ctx context.Context, js jetstream.JetStream) (*event
 // --document-trust and no document key believes no one, so it marks them
 // unverified rather than calling every one forged.
 func (g *globals) proofs(ctx context.Context, js jetstream.JetStream) (ops.Proofs, error) {
-	signer, verifier, err := g.documentKeys(g.credsName())
-	if err != nil {
-		return ops.Proofs{}, err
-	}
-	if g.natsCreds == "" && strings.TrimSpace(g.documentTrust) == "" && signer == nil {
-		return ops.Proofs{}, nil
-	}
-	p := ops.Proofs{Verifier: verifier, Domain: g.jsDomain}
 	s, err := g.documents(ctx, js)
 	if err != nil {
 		return ops.Proofs{}, err
 	}
 	if s != nil {
-		p.LegacyBefore = s.UpgradedAt()
+		return ops.ProofsOf(s), nil
 	}
-	return p, nil
+	// No bucket yet, so no upgrade record: the keys still check messages.
+	_, verifier, err := g.documentKeys(g.credsName())
+	return ops.Proofs{Verifier: verifier, Domain: g.jsDomain}, err
 }
