@@ -123,7 +123,7 @@ func TestBrowserLogin(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS("#login-error")),
 		into(&msg, chromedp.Text(chromedp.CSS("#login-error"))),
 	)
-	if !strings.Contains(msg, "not the ingress token") {
+	if !strings.Contains(msg, "not a token this console accepts") {
 		t.Fatalf("a wrong token: the page says %q", msg)
 	}
 	cookies := cookiesOf(t, ctx)
