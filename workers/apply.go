@@ -7,10 +7,12 @@ import (
 	"runtime/debug"
 
 	"github.com/rs/zerolog"
-	"github.com/steward-dev/steward/internal/tracing"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/steward-dev/steward/internal/redact"
+	"github.com/steward-dev/steward/internal/tracing"
 )
 
 // verdict is what the lane does with a delivery once process returns:
@@ -61,7 +63,7 @@ func (w *Runtime) process(h *held, b *batch) verdict {
 	defer func() {
 		span.SetAttributes(attribute.String("steward.result", result))
 		if err != nil && result != resultRefused {
-			span.SetStatus(codes.Error, elideSecrets(oneLine(err.Error())))
+			span.SetStatus(codes.Error, redact.Line(err.Error()))
 		}
 	}()
 	elapsed := w.now().Sub(start)
@@ -88,7 +90,7 @@ func (w *Runtime) process(h *held, b *batch) verdict {
 	}
 	ev := log.Info()
 	if err != nil {
-		ev = log.Warn().Str("error", elideSecrets(oneLine(err.Error())))
+		ev = log.Warn().Str("error", redact.Line(err.Error()))
 	}
 	if behind != 0 {
 		ev = ev.Uint64("behind", behind)
@@ -158,7 +160,7 @@ func (w *Runtime) apply(ctx context.Context, h *held, b *batch, log zerolog.Logg
 		// A refusal settles the event as an application does: its
 		// outcome is out, and a redelivery would be refused again.
 		result = resultRefused
-		log.Info().Str("reason", elideSecrets(oneLine(err.Error()))).Msg("event refused by the worker's rules")
+		log.Info().Str("reason", redact.Line(err.Error())).Msg("event refused by the worker's rules")
 	} else if err != nil {
 		return "", 0, err
 	}
@@ -214,7 +216,7 @@ func (w *Runtime) call(ctx context.Context, d *Delivery) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			w.m.panics.Inc()
-			d.Log.Error().Str("panic", elideSecrets(oneLine(fmt.Sprint(r)))).Str("stack", string(debug.Stack())).Msg("handler panicked")
+			d.Log.Error().Str("panic", redact.Line(fmt.Sprint(r))).Str("stack", string(debug.Stack())).Msg("handler panicked")
 			err = &panicError{msg: fmt.Sprintf("handler panicked on %s (event %s): %v", d.Key, d.Event.ID(), r)}
 		}
 	}()

@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/redact"
 )
 
 // deadLetter publishes the event to the DLQ with the reason, then settles
@@ -21,7 +22,7 @@ import (
 // already holds a different letter under this one's id, the event is kept
 // and redelivered instead: nothing is dropped silently.
 func (w *Runtime) deadLetter(h *held, reason error, log zerolog.Logger) string {
-	msg := elideSecrets(oneLine(reason.Error()))
+	msg := redact.Line(reason.Error())
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.handlerCtx), 10*time.Second)
 	defer cancel()
 	letter, digest := events.NewDeadLetter(events.LetterSource{
@@ -67,7 +68,7 @@ func (w *Runtime) deadLetter(h *held, reason error, log zerolog.Logger) string {
 			return w.keep(h, log)
 		}
 	}
-	if err := h.msg.TermWithReason(truncate(msg, 256)); err != nil {
+	if err := h.msg.TermWithReason(redact.Cut(msg, 256)); err != nil {
 		log.Warn().Err(err).Msg("term failed after the event reached the DLQ; a redelivery finds its letter stored and settles it")
 	}
 	w.m.count(resultDead)

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+
+	"github.com/steward-dev/steward/internal/redact"
 )
 
 // startLane runs a lane that has work and no runner on a runner. Callers
@@ -178,7 +180,7 @@ func (w *Runtime) requeue(l *lane, h *held, err error) {
 	}
 	h.attempts++
 	if err != nil {
-		h.lastError = elideSecrets(oneLine(err.Error()))
+		h.lastError = redact.Line(err.Error())
 	}
 	delay := h.backoff.NextBackOff()
 	if delay == backoff.Stop || delay < 0 {

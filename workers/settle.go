@@ -1,8 +1,6 @@
 package workers
 
 import (
-	"regexp"
-	"strings"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
@@ -48,31 +46,6 @@ func (w *Runtime) supersede(h *held, byID string, bySeq uint64) bool {
 	log.Info().Str("superseded_by", byID).Uint64("superseded_by_seq", bySeq).Msg("event superseded by a newer one of its key")
 	w.ack(h, resultSuperseded, log)
 	return true
-}
-
-// oneLine keeps a reason on one header line and within a readable size.
-func oneLine(s string) string {
-	return truncate(strings.Join(strings.Fields(s), " "), 2000)
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
-
-// armored matches an age (or any PEM-style) armored block, which is how a
-// secret travels on the bus: it never belongs in a log or a status line.
-var armored = regexp.MustCompile(`-----BEGIN [A-Z0-9 ]+-----.*?-----END [A-Z0-9 ]+-----`)
-
-// elideSecrets removes armored blocks from text that is about to be logged,
-// stored in a status document or put in a dead letter's reason.
-func elideSecrets(s string) string {
-	if !strings.Contains(s, "-----BEGIN ") {
-		return s
-	}
-	return armored.ReplaceAllString(s, "[armored block elided]")
 }
 
 // Settlement is what WithSettledHook reports once an event's ack is

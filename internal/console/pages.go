@@ -15,6 +15,7 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/ops"
+	"github.com/steward-dev/steward/internal/redact"
 )
 
 // pageNames are the templates that are whole pages; each is parsed with
@@ -520,7 +521,7 @@ func (c *Console) dlqAct(w http.ResponseWriter, r *http.Request, se *session) {
 		d.Results = append(d.Results, o)
 	}
 	if err != nil {
-		d.Results = append(d.Results, outcomeOf{Message: ops.Elide(err.Error())})
+		d.Results = append(d.Results, outcomeOf{Message: redact.Secrets(err.Error())})
 	}
 	d.Done = rep.Done
 	c.render(w, r, http.StatusOK, "done", se, d)

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/redact"
 )
 
 // Checkpoint is what a worker instance's runtime keeps for one key in
@@ -112,7 +113,7 @@ func GetCheckpoints(ctx context.Context, js jetstream.JetStream, docs *events.St
 		d := docs.Open(ctx, e)
 		if d.Forgery != nil {
 			cp.Forged = true
-			cp.Error = Elide(fmt.Sprintf("does not verify (%s): the runtime does not believe it and reads the key's events again; find who wrote it (docs/design.md §7)", d.Forgery.Reason))
+			cp.Error = redact.Secrets(fmt.Sprintf("does not verify (%s): the runtime does not believe it and reads the key's events again; find who wrote it (docs/design.md §7)", d.Forgery.Reason))
 		} else if err := d.Decode(&s); err != nil {
 			cp.Error = fmt.Sprintf("not a checkpoint the runtime can read (%v): the runtime fails on this key until the entry is fixed or deleted (nats kv del %s %s)", err, events.CheckpointBucket, e.Key())
 		} else {

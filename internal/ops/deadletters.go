@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/redact"
 	"github.com/steward-dev/steward/internal/streamread"
 )
 
@@ -208,7 +209,7 @@ func (f LetterFilter) check() error {
 func LetterOf(seq uint64, subject string, stored time.Time, h nats.Header, data []byte) Letter {
 	d := events.ParseDeadLetter(seq, subject, h, data)
 	l := Letter{Sequence: seq, Subject: subject, Time: stored.UTC(), Consumer: d.Worker, EventID: d.EventID(),
-		Reason: Elide(d.Reason), Deliveries: d.Delivered, Readable: d.Event != nil, Truncated: d.Truncated,
+		Reason: redact.Secrets(d.Reason), Deliveries: d.Delivered, Readable: d.Event != nil, Truncated: d.Truncated,
 		Original: Original{Stream: cmp.Or(d.Stream, events.StreamEvents), Sequence: d.Sequence, Subject: d.Subject, Digest: d.Digest},
 		Raw:      d}
 	if d.Truncated {
@@ -329,13 +330,13 @@ func Detail(l Letter) LetterDetail {
 	case err == nil:
 		d.Check = "verified"
 	case errors.Is(err, events.ErrLetterUnverifiable):
-		d.Check = "unverifiable: " + Elide(err.Error())
+		d.Check = "unverifiable: " + redact.Secrets(err.Error())
 	default:
-		d.Check = "altered: " + Elide(err.Error())
+		d.Check = "altered: " + redact.Secrets(err.Error())
 	}
 	for k, vs := range l.Raw.Headers {
 		for _, v := range vs {
-			d.Headers = append(d.Headers, Header{Name: k, Value: Elide(v)})
+			d.Headers = append(d.Headers, Header{Name: k, Value: redact.Secrets(v)})
 		}
 	}
 	slices.SortStableFunc(d.Headers, func(a, b Header) int { return strings.Compare(a.Name, b.Name) })
@@ -360,10 +361,10 @@ func ElideData(data []byte, truncated bool) string {
 		enc.SetEscapeHTML(false)
 		enc.SetIndent("", "  ")
 		if enc.Encode(elideValue(v)) == nil {
-			return Elide(strings.TrimSuffix(buf.String(), "\n"))
+			return redact.Secrets(strings.TrimSuffix(buf.String(), "\n"))
 		}
 	}
-	return Elide(strconv.Quote(string(data)))
+	return redact.Secrets(strconv.Quote(string(data)))
 }
 
 func elideValue(v any) any {
@@ -531,7 +532,7 @@ type AuditData struct {
 func (o *ActOptions) audit(ctx context.Context, js jetstream.JetStream, l Letter, res *Result) {
 	if res.OK() && !o.NoAuditEvents && l.WorkerName != "" && events.CheckKey(l.WorkerName) == nil && events.CheckKey(l.Instance) == nil {
 		if err := o.auditEvent(ctx, js, l, *res); err != nil {
-			res.AuditError = Elide(err.Error())
+			res.AuditError = redact.Secrets(err.Error())
 		}
 	}
 	ev := o.Log.Info()
@@ -672,9 +673,9 @@ func RetryLetters(ctx context.Context, js jetstream.JetStream, list []Letter, o 
 		r, err := retryLetter(ctx, js, l)
 		switch {
 		case errors.Is(err, ErrNoLetter):
-			res.Result, res.Error = ResultGone, Elide(err.Error())
+			res.Result, res.Error = ResultGone, redact.Secrets(err.Error())
 		case err != nil:
-			res.Result, res.Error = ResultRefused, Elide(err.Error())
+			res.Result, res.Error = ResultRefused, redact.Secrets(err.Error())
 			refused[lane] = l.Sequence
 		default:
 			res.Result, res.Subject, res.NewSequence, res.Already = ResultRetried, r.subject, r.seq, r.already
@@ -915,7 +916,7 @@ func RemoveLetters(ctx context.Context, js jetstream.JetStream, list []Letter, o
 		case gone:
 			res.Result, res.Error = ResultGone, fmt.Sprintf("%s sequence %d holds nothing: it was retried or removed already", events.StreamDLQ, l.Sequence)
 		case err != nil:
-			res.Result, res.Error = ResultRefused, Elide(fmt.Sprintf("remove dead letter %d: %v; it is still in %s, try again", l.Sequence, err, events.StreamDLQ))
+			res.Result, res.Error = ResultRefused, redact.Secrets(fmt.Sprintf("remove dead letter %d: %v; it is still in %s, try again", l.Sequence, err, events.StreamDLQ))
 		default:
 			res.Result = ResultRemoved
 		}

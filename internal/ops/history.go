@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/redact"
 	"github.com/steward-dev/steward/internal/streamread"
 )
 
@@ -348,7 +349,7 @@ func (k *keyReader) entry(h *History, stream string, m jetstream.Msg, meta *jets
 		}
 		en := Entry{Kind: EntryDeadLetter, Stream: events.StreamDLQ, Sequence: d.DLQSequence, Subject: d.DLQSubject,
 			Time: meta.Timestamp.UTC(), ID: d.EventID(), Key: key, CausationID: d.EventID(),
-			Instance: lastToken(d.DLQSubject), Reason: Elide(oneLine(d.Reason))}
+			Instance: lastToken(d.DLQSubject), Reason: redact.Line(d.Reason)}
 		if d.Event != nil {
 			en.Type, en.TraceID = d.Event.Type(), traceID(*d.Event)
 		}
@@ -357,7 +358,7 @@ func (k *keyReader) entry(h *History, stream string, m jetstream.Msg, meta *jets
 	}
 	e, err := events.Decode(m.Headers(), m.Data())
 	if err != nil {
-		h.Unreadable = append(h.Unreadable, Unreadable{Stream: stream, Sequence: meta.Sequence.Stream, Subject: m.Subject(), Error: Elide(oneLine(err.Error()))})
+		h.Unreadable = append(h.Unreadable, Unreadable{Stream: stream, Sequence: meta.Sequence.Stream, Subject: m.Subject(), Error: redact.Line(err.Error())})
 		return Entry{}, false
 	}
 	if stream == events.StreamEvents {
@@ -449,7 +450,7 @@ func outcomeWhy(e event.Event) (rule, reason, supersededBy string) {
 	}
 	str := func(v any) string {
 		s, _ := v.(string)
-		return Elide(oneLine(s))
+		return redact.Line(s)
 	}
 	return str(why.Rule), str(why.Reason), str(why.SupersededBy)
 }
@@ -477,8 +478,4 @@ func outcomeName(typ string) string {
 
 func lastToken(subject string) string {
 	return subject[strings.LastIndexByte(subject, '.')+1:]
-}
-
-func oneLine(s string) string {
-	return strings.Join(strings.Fields(s), " ")
 }

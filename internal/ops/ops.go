@@ -21,7 +21,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -69,15 +68,6 @@ func SplitConsumer(name, description string) (worker, instance string, ok bool) 
 	}
 	return worker, instance, true
 }
-
-// armored matches an armored block (age ciphertext, a PEM key) and age
-// identities, which must never reach an operator's screen or a console.
-var armored = regexp.MustCompile(`(?s)-----BEGIN [A-Z0-9 ]+-----.*?(-----END [A-Z0-9 ]+-----|$)|AGE-SECRET-KEY-1[0-9A-Z]+`)
-
-// Elide replaces armored blocks and age identities in s by "[elided]". The
-// runtime already elides what it writes; this is the second guard, for
-// documents written by older or other processes.
-func Elide(s string) string { return armored.ReplaceAllString(s, "[elided]") }
 
 // streamOrNone looks a stream up; a missing stream is (nil, nil).
 func streamOrNone(ctx context.Context, js jetstream.JetStream, name string) (jetstream.Stream, error) {

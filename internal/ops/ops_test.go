@@ -351,19 +351,6 @@ func TestNoStreamsNamesTheServer(t *testing.T) {
 	}
 }
 
-func TestElide(t *testing.T) {
-	for in, want := range map[string]string{
-		"x " + armoredSecret + " y":                   "x [elided] y",
-		"key AGE-SECRET-KEY-1QQQ2 leaked":             "key [elided] leaked",
-		"truncated -----BEGIN AGE ENCRYPTED":          "truncated -----BEGIN AGE ENCRYPTED",
-		"cut -----BEGIN AGE ENCRYPTED FILE-----\nabc": "cut [elided]",
-	} {
-		if got := ops.Elide(in); got != want {
-			t.Errorf("Elide(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 // TestHistoryNamesTheRuleAndReason proves every superseded and refused
 // outcome and every dead letter in a key's history says why: the rule and
 // reason of a refusal (its secret elided), the event that superseded an

@@ -9,6 +9,7 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/proof"
+	"github.com/steward-dev/steward/internal/redact"
 )
 
 // Proofs is what a view checks outcomes and dead letters with. Any
@@ -71,5 +72,5 @@ func (p Proofs) judge(stored time.Time, err error) (forged string, unverified bo
 	case errors.Is(err, proof.ErrUnsigned) && !p.LegacyBefore.IsZero() && stored.Before(p.LegacyBefore):
 		return "", true
 	}
-	return Elide(oneLine(err.Error())), false
+	return redact.Line(err.Error()), false
 }

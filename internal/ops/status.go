@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/redact"
 )
 
 // DefaultLimit is how many instances a Status shows when the caller sets
@@ -390,7 +391,7 @@ func readStatusDocs(ctx context.Context, js jetstream.JetStream, docs *events.St
 		}
 		if d.Forgery != nil {
 			if d.Info.Kind == events.KindStatus {
-				in.StatusForged = Elide(d.Forgery.Reason)
+				in.StatusForged = redact.Secrets(d.Forgery.Reason)
 			}
 			in.Forgeries = append(in.Forgeries, *d.Forgery)
 			continue
@@ -416,7 +417,7 @@ func readStatusDocs(ctx context.Context, js jetstream.JetStream, docs *events.St
 			in.Waiting = []events.WaitingKey{}
 		}
 		for i := range in.Retrying {
-			in.Retrying[i].LastError = Elide(in.Retrying[i].LastError)
+			in.Retrying[i].LastError = redact.Secrets(in.Retrying[i].LastError)
 		}
 		in.Forged = doc.Forged
 		in.Forgeries = append(in.Forgeries, doc.Forgeries...)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/redact"
 	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers"
 )
@@ -324,7 +324,7 @@ func (r *Runner) deadLetter(it *queued, reason error, delivered uint64) events.D
 	for k, v := range msg.Header {
 		h[k] = append([]string(nil), v...)
 	}
-	h.Set(events.HeaderError, elideSecrets(oneLine(reason.Error())))
+	h.Set(events.HeaderError, redact.Line(reason.Error()))
 	h.Set(events.HeaderWorker, r.spec.Name+"-"+r.spec.Instance)
 	h.Set(events.HeaderStreamSeq, strconv.FormatUint(it.seq, 10))
 	h.Set(events.HeaderDelivered, strconv.FormatUint(delivered, 10))
@@ -446,23 +446,4 @@ func readFile(t testing.TB, path string) []event.Event {
 		t.Fatalf("%s: %v", path, err)
 	}
 	return list
-}
-
-// oneLine and elideSecrets are the runtime's treatment of a dead letter's
-// reason (one header line, no armored block), so reasons read the same.
-func oneLine(s string) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > 2000 {
-		return s[:2000] + "…"
-	}
-	return s
-}
-
-var armored = regexp.MustCompile(`-----BEGIN [A-Z0-9 ]+-----.*?-----END [A-Z0-9 ]+-----`)
-
-func elideSecrets(s string) string {
-	if !strings.Contains(s, "-----BEGIN ") {
-		return s
-	}
-	return armored.ReplaceAllString(s, "[armored block elided]")
 }
