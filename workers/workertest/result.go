@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/redact"
 	"github.com/steward-dev/steward/workers"
 )
 
@@ -243,7 +244,8 @@ func (r *Result) errorsText() string {
 	var b strings.Builder
 	for _, s := range r.Events {
 		if s.Err != nil {
-			fmt.Fprintf(&b, "\n\tevent %s (seq %d) %s: %v", s.ID, s.Sequence, s.Verdict, s.Err)
+			// A failed test's output is a log CI keeps: secrets elided.
+			fmt.Fprintf(&b, "\n\tevent %s (seq %d) %s: %s", s.ID, s.Sequence, s.Verdict, redact.Line(s.Err.Error()))
 		}
 	}
 	return b.String()
