@@ -41,13 +41,19 @@ import (
 // default in the file applies.
 func loadProject(t testing.TB, files ...string) *types.Project {
 	t.Helper()
+	return loadProjectWith(t, nil, files...)
+}
+
+// loadProjectWith is loadProject with the given environment, as .env sets it.
+func loadProjectWith(t testing.TB, env []string, files ...string) *types.Project {
+	t.Helper()
 	var paths []string
 	for _, f := range files {
 		paths = append(paths, filepath.Join(repoRoot, f))
 	}
 	opts, err := cli.NewProjectOptions(paths,
 		cli.WithWorkingDirectory(repoRoot),
-		cli.WithEnv(nil),
+		cli.WithEnv(env),
 		cli.WithInterpolation(true),
 		cli.WithResolvedPaths(true),
 	)
@@ -460,6 +466,42 @@ func (r *composeRun) unknownSettings(name string) []string {
 	return unknown
 }
 
+// runOneShot runs a service that `up` leaves out (its profile is not
+// active), as `docker compose run --rm <name> [args]` does: its declared
+// command unless args are given, its environment and volumes mapped, and
+// returns what it printed. The service must exit 0 within a minute.
+func (r *composeRun) runOneShot(name string, args []string) string {
+	t := r.t
+	t.Helper()
+	svc, ok := r.p.DisabledServices[name]
+	if !ok {
+		t.Fatalf("compose declares no on-demand %s service (one a profile keeps out of `up`)", name)
+	}
+	if _, ok := r.p.Services[name]; !ok {
+		// Mapping reads the service's mounts from the running set.
+		r.p.Services[name] = svc
+		defer delete(r.p.Services, name)
+	}
+	if unknown := r.unknownSettings(name); len(unknown) > 0 {
+		t.Errorf("service %s sets %v, which are no flag's twin of `steward %s`", name, unknown, strings.Join(svc.Command, " "))
+	}
+	if r.declared(name, "STEWARD_NATS_CREDS") == "" {
+		t.Errorf("service %s has no STEWARD_NATS_CREDS: the bus is closed", name)
+	}
+	cmd := r.args(svc)
+	if args != nil {
+		cmd = r.mapValues(name, args)
+	}
+	p := newProc(t, "compose-"+name+"-"+strings.Join(args, "-"), bins.steward, cmd, envList(r.env(svc)))
+	p.start()
+	exit, done := p.wait(time.Minute)
+	out := p.tail(200)
+	if !done || exit != nil {
+		t.Fatalf("docker compose run --rm %s %s: exit %v (done %v):\n%s", name, strings.Join(args, " "), exit, done, out)
+	}
+	return out
+}
+
 // post sends one event to the ingress in structured mode.
 func (r *composeRun) post(url, token string, e event.Event) publisher.Ack {
 	t := r.t
@@ -489,6 +531,36 @@ func (r *composeRun) post(url, token string, e event.Event) publisher.Ack {
 // stopped and started again on the same volumes, and the same changes sent
 // again find their state kept. The cluster variant adds
 // deploy/cluster/compose.cluster.yaml: three NATS nodes, R3 streams.
+// TestComposePortsAvoidAMachinesNATS checks where compose publishes its
+// ports on the host: by default not 4222 and 8222, which a machine's own
+// NATS often holds (compose would fail to start beside it), and wherever
+// .env says.
+func TestComposePortsAvoidAMachinesNATS(t *testing.T) {
+	published := func(p *types.Project) map[string][]string {
+		out := map[string][]string{}
+		for _, name := range []string{"nats", "ingress"} {
+			for _, port := range p.Services[name].Ports {
+				out[name] = append(out[name], port.Published)
+			}
+		}
+		return out
+	}
+	got := published(loadProject(t, "compose.yaml"))
+	if want := []string{"4322", "8322"}; !slices.Equal(got["nats"], want) {
+		t.Errorf("NATS is published on %v by default; want %v", got["nats"], want)
+	}
+	if want := []string{"8080"}; !slices.Equal(got["ingress"], want) {
+		t.Errorf("the ingress is published on %v by default; want %v", got["ingress"], want)
+	}
+	got = published(loadProjectWith(t, []string{"STEWARD_NATS_PORT=14222", "STEWARD_NATS_MONITOR_PORT=18222", "STEWARD_INGRESS_PORT=18080"}, "compose.yaml"))
+	if want := []string{"14222", "18222"}; !slices.Equal(got["nats"], want) {
+		t.Errorf("with STEWARD_NATS_PORT=14222 and STEWARD_NATS_MONITOR_PORT=18222, NATS is published on %v; want %v", got["nats"], want)
+	}
+	if want := []string{"18080"}; !slices.Equal(got["ingress"], want) {
+		t.Errorf("with STEWARD_INGRESS_PORT=18080, the ingress is published on %v; want %v", got["ingress"], want)
+	}
+}
+
 func TestCompose(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
@@ -713,6 +785,18 @@ func testCompose(t *testing.T, name string, files []string, replicas, natsNodes 
 			t.Errorf("service %s exited: %v", name, err)
 		}
 	}
+
+	// The operator's tools, as `docker compose run --rm ops status` and
+	// `... ops dlq ls` run them: the ops service's declared command and
+	// environment, with the operator's credentials. (The ingress's are a
+	// publisher's: status run there is refused.)
+	opsOut := r.runOneShot("ops", nil)
+	for _, c := range checks {
+		if !strings.Contains(opsOut, c.instance) {
+			t.Errorf("docker compose run --rm ops status does not list instance %s:\n%s", c.instance, opsOut)
+		}
+	}
+	r.runOneShot("ops", []string{"dlq", "ls"})
 
 	// The box's own credentials, as an attacker holding them would use
 	// them: reflect direct gets of its own key into the credential's and
