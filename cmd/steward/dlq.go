@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -134,31 +135,40 @@ func parseDLQSeqs(args []string) ([]uint64, error) {
 }
 
 // selectLetters connects and lists what seqs or the filter select.
-func selectLetters(cmd *cobra.Command, g *globals, f ops.LetterFilter) (*ops.LetterList, func(), error) {
+func selectLetters(cmd *cobra.Command, g *globals, f ops.LetterFilter) (*ops.LetterList, jetstream.JetStream, func(), error) {
 	nc, js, err := g.connect(cmd.Context(), "steward dlq", false)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	p, err := g.proofs(cmd.Context(), js)
 	if err != nil {
 		nc.Close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	list, err := ops.ListLetters(cmd.Context(), js, f, p)
 	if err != nil {
 		nc.Close()
-		return nil, nil, withServerHint(g, err)
+		return nil, nil, nil, withServerHint(g, err)
 	}
-	return list, nc.Close, nil
+	return list, js, nc.Close, nil
 }
 
 func newDLQLsCmd(g *globals, out *outputFlags) *cobra.Command {
-	var ff dlqFilterFlags
+	var (
+		ff     dlqFilterFlags
+		follow bool
+	)
 	cmd := &cobra.Command{
 		Use:   "ls",
 		Short: "List dead letters: sequence, worker, subject, deliveries, time stored, type, key, event id, reason",
+		Long: `List dead letters: sequence, worker, subject, deliveries, time stored, type, key, event id, reason.
+
+With --follow, the letters stored afterwards that the filters select are
+printed as they are stored, until interrupted (Ctrl-C); with --json, one
+JSON object a line.`,
 		Example: `  steward dlq ls --worker credential --since 24h
-  steward dlq ls --type credential.rotated --reason "read-only" --json`,
+  steward dlq ls --type credential.rotated --reason "read-only" --json
+  steward dlq ls --worker provision --follow`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			asJSON, err := out.asJSON()
@@ -169,11 +179,14 @@ func newDLQLsCmd(g *globals, out *outputFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			list, done, err := selectLetters(cmd, g, f)
+			list, js, done, err := selectLetters(cmd, g, f)
 			if err != nil {
 				return err
 			}
 			defer done()
+			if follow {
+				return followLetters(cmd, js, list, asJSON, ff.describe())
+			}
 			if asJSON {
 				return printSafeJSON(cmd.OutOrStdout(), list)
 			}
@@ -192,14 +205,59 @@ func newDLQLsCmd(g *globals, out *outputFlags) *cobra.Command {
 		},
 	}
 	ff.register(cmd.Flags())
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "then print each dead letter stored afterwards as it is stored, until interrupted")
 	return cmd
+}
+
+// followLetters prints list, then every letter its filter selects stored
+// afterwards, until the command's context ends (Ctrl-C), which is how a
+// follow ends, not an error. With JSON each letter is one line, so a
+// script reads them as they come.
+func followLetters(cmd *cobra.Command, js jetstream.JetStream, list *ops.LetterList, asJSON bool, filters string) error {
+	w := cmd.OutOrStdout()
+	show := func(l ops.Letter) error {
+		if asJSON {
+			line, err := json.Marshal(l)
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintln(w, jsonSafe(string(line)))
+			return err
+		}
+		return listLetterRows(w, []ops.Letter{l}, false)
+	}
+	if asJSON {
+		for _, l := range list.Letters {
+			if err := show(l); err != nil {
+				return err
+			}
+		}
+	} else {
+		if err := listLetterRows(w, list.Letters, true); err != nil {
+			return err
+		}
+		fmt.Fprintf(cmd.ErrOrStderr(), "following dead letters (filters: %s); Ctrl-C stops\n", filters)
+	}
+	if err := ops.FollowLetters(cmd.Context(), js, list, show); err != nil {
+		return fmt.Errorf("follow dead letters: %w; what was printed stands, run the command again to go on", err)
+	}
+	return nil
 }
 
 // listLetters prints one row per letter; table escapes every cell. WORKER
 // and INSTANCE are the worker and instance as --json names them, so the
 // table and the JSON never disagree about which worker a letter is of.
-func listLetters(w io.Writer, list []ops.Letter) error {
-	t := newTable(w, "SEQ", "WORKER", "INSTANCE", "SUBJECT", "DELIVERIES", "STORED", "TYPE", "KEY", "EVENT", "REASON")
+func listLetters(w io.Writer, list []ops.Letter) error { return listLetterRows(w, list, true) }
+
+// listLetterRows is listLetters, with or without the header (a followed
+// letter is one more row under the header already printed).
+func listLetterRows(w io.Writer, list []ops.Letter, header bool) error {
+	var t *table
+	if header {
+		t = newTable(w, "SEQ", "WORKER", "INSTANCE", "SUBJECT", "DELIVERIES", "STORED", "TYPE", "KEY", "EVENT", "REASON")
+	} else {
+		t = newTable(w)
+	}
 	forged := 0
 	for _, l := range list {
 		if l.Forged != "" {

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"io"
 	"strconv"
 	"strings"
 	"testing"
@@ -10,9 +12,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/ops"
+	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/workertest"
 )
 
@@ -325,4 +329,72 @@ func TestDLQLifecycleCommands(t *testing.T) {
 	if msgs, _ := dlqStreamState(t, js, events.StreamEvents); msgs != 2 {
 		t.Fatalf("%s holds %d events after the lifecycle, want 2", events.StreamEvents, msgs)
 	}
+}
+
+// TestDLQLsFollow proves dlq ls --follow --json prints the stored letters
+// its filter selects, then each one stored afterwards as one JSON line
+// (another worker's letters left out), and ends cleanly when its context is
+// cancelled (Ctrl-C).
+func TestDLQLsFollow(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	fail := workers.HandlerFunc(func(context.Context, *workers.Delivery) error {
+		return workers.Permanent(errors.New("the hive's folder is gone"))
+	})
+	publishRotation(t, js, "h1", 1)
+	w := workertest.Start(t, js, testSpec("h1"), fail)
+	workertest.WaitIdle(t, js, w.ConsumerName())
+
+	g := &globals{natsURL: srv.URL(), replicas: 1, log: zerolog.Nop()}
+	cmd := newDLQCmd(g)
+	var stdout syncBuffer
+	cmd.SetOut(&stdout)
+	cmd.SetErr(io.Discard)
+	cmd.SetArgs([]string{"ls", "--worker", "credential-h1", "--follow", "--json"})
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(ctx) }()
+
+	lines := func() []ops.Letter {
+		var out []ops.Letter
+		for _, l := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+			if l == "" {
+				continue
+			}
+			var letter ops.Letter
+			if err := json.Unmarshal([]byte(l), &letter); err != nil {
+				t.Fatalf("--follow --json line %q is not one JSON letter: %v", l, err)
+			}
+			out = append(out, letter)
+		}
+		return out
+	}
+	workertest.WaitUntil(t, "the stored letter is printed", func() bool { return len(lines()) == 1 })
+	// A letter of another instance, which the filter leaves out, then one
+	// of h1's: only h1's is printed.
+	publishRotation(t, js, "h2", 1)
+	w2 := workertest.Start(t, js, testSpec("h2"), fail)
+	workertest.WaitIdle(t, js, w2.ConsumerName())
+	publishRotation(t, js, "h1", 2)
+	workertest.WaitIdle(t, js, w.ConsumerName())
+	workertest.WaitUntil(t, "the new letter of h1 is printed", func() bool { return len(lines()) == 2 })
+	got := lines()
+	if got[0].EventID != "rot-h1-1" || got[1].EventID != "rot-h1-2" || !strings.Contains(got[1].Reason, "folder is gone") {
+		t.Fatalf("followed %+v", got)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("dlq ls --follow ended with %v, want nil when interrupted", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("dlq ls --follow did not end when its context was cancelled")
+	}
+	if n := len(lines()); n != 2 {
+		t.Fatalf("%d letters printed, want 2 (h2's is not of credential-h1)", n)
+	}
+
 }

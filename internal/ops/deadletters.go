@@ -128,6 +128,12 @@ type Header struct {
 type LetterList struct {
 	Server  string   `json:"server"`
 	Letters []Letter `json:"letters"`
+	// through is the last STEWARD_DLQ sequence ListLetters read, where
+	// FollowLetters goes on from.
+	through uint64
+	filter  LetterFilter
+	proofs  Proofs
+	read    bool
 }
 
 // LetterFilter selects dead letters; every field set must match. The zero
@@ -286,6 +292,7 @@ func ListLetters(ctx context.Context, js jetstream.JetStream, f LetterFilter, p 
 		if err != nil {
 			return err
 		}
+		out.through = meta.Sequence.Stream
 		if l := LetterOf(meta.Sequence.Stream, m.Subject(), meta.Timestamp, m.Headers(), m.Data()); f.Match(l) {
 			l.Forged, l.Unverified = p.letter(l.Raw, meta.Timestamp)
 			out.Letters = append(out.Letters, l)
@@ -295,7 +302,66 @@ func ListLetters(ctx context.Context, js jetstream.JetStream, f LetterFilter, p 
 	if err != nil {
 		return nil, fmt.Errorf("read %s on %s: %w", events.StreamDLQ, out.Server, err)
 	}
+	out.filter, out.proofs, out.read = f, p, true
 	return out, nil
+}
+
+// FollowLetters hands fn each dead letter stored after the ones list holds
+// that list's filter selects, checked as ListLetters checks them, until
+// ctx ends (nil) or fn fails. It goes on from the last message ListLetters
+// read, so nothing is shown twice and nothing stored meanwhile is skipped.
+// A list of chosen sequences has nothing to follow.
+func FollowLetters(ctx context.Context, js jetstream.JetStream, list *LetterList, fn func(Letter) error) error {
+	switch {
+	case !list.read:
+		return errors.New("the dead letters were not read by ListLetters over the stream, so there is nowhere to follow them from")
+	case list.filter.Seqs != nil:
+		return errors.New("a list of chosen sequences has nothing to follow: list by filters to follow new dead letters")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	arrived := make(chan jetstream.Msg)
+	failed := make(chan error, 1)
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: list.filter.dlqSubjects(), InactiveThreshold: 5 * time.Second,
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: list.through + 1}
+	go func() {
+		failed <- followStream(ctx, js, events.StreamDLQ, cfg, func(m jetstream.Msg) bool {
+			select {
+			case arrived <- m:
+				return true
+			case <-ctx.Done():
+				return false
+			}
+		})
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-failed:
+			if ctx.Err() != nil {
+				return nil
+			}
+			if err == nil {
+				err = errors.New("the server ended the follow")
+			}
+			return err
+		case m := <-arrived:
+			meta, err := m.Metadata()
+			if err != nil {
+				return fmt.Errorf("follow %s: %w", events.StreamDLQ, err)
+			}
+			list.through = meta.Sequence.Stream
+			l := LetterOf(meta.Sequence.Stream, m.Subject(), meta.Timestamp, m.Headers(), m.Data())
+			if !list.filter.Match(l) {
+				continue
+			}
+			l.Forged, l.Unverified = list.proofs.letter(l.Raw, meta.Timestamp)
+			if err := fn(l); err != nil {
+				return err
+			}
+		}
+	}
 }
 
 // ErrNoLetter says a STEWARD_DLQ sequence holds no letter: it was retried,
