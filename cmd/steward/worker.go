@@ -104,7 +104,7 @@ and hands back what it had not started.`,
 
 // runWorker runs h under the runtime until ctx ends, with metrics and
 // health on --http-addr.
-func runWorker(ctx context.Context, g *globals, rf *runtimeFlags, name string, h handler) error {
+func runWorker(ctx context.Context, g *globals, rf *runtimeFlags, name string, h service) error {
 	nc, js, err := g.connect(ctx, "steward worker "+name, true)
 	if err != nil {
 		return err
