@@ -114,9 +114,9 @@ func TestConsumerLimitIsNamed(t *testing.T) {
 	js := srv.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cfg := workers.DefaultBusConfig(1)
+	cfg := events.DefaultBusConfig(1)
 	cfg.Streams.MaxConsumers = 2
-	if err := workers.SetupBus(ctx, js, cfg); err != nil {
+	if err := events.SetupBus(ctx, js, cfg); err != nil {
 		t.Fatal(err)
 	}
 	newWorker(t, js, hostSpec("hive-1"))
@@ -144,10 +144,10 @@ func TestWorkerStartKeepsOperatorLimits(t *testing.T) {
 	js := srv.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cfg := workers.DefaultBusConfig(1)
+	cfg := events.DefaultBusConfig(1)
 	cfg.Streams.MaxBytes = 123 << 20
 	cfg.CheckpointMaxBytes = 77 << 20
-	if err := workers.SetupBus(ctx, js, cfg); err != nil {
+	if err := events.SetupBus(ctx, js, cfg); err != nil {
 		t.Fatal(err)
 	}
 	newWorker(t, js, hostSpec("hive-1"))
@@ -158,7 +158,7 @@ func TestWorkerStartKeepsOperatorLimits(t *testing.T) {
 	if got := s.CachedInfo().Config.MaxBytes; got != 123<<20 {
 		t.Errorf("events max bytes %d after a worker started, want the operator's %d", got, 123<<20)
 	}
-	kv, err := js.KeyValue(ctx, workers.CheckpointBucket)
+	kv, err := js.KeyValue(ctx, events.CheckpointBucket)
 	if err != nil {
 		t.Fatal(err)
 	}

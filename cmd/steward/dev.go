@@ -175,13 +175,13 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, o 
 		return err
 	}
 	defer nc.Close()
-	if err := workers.SetupBus(ctx, js, workers.DefaultBusConfig(g.replicas)); err != nil {
+	if err := events.SetupBus(ctx, js, events.DefaultBusConfig(g.replicas)); err != nil {
 		return err
 	}
 	if _, err := recordUpgrade(ctx, opG, js); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "streams: %s, %s, %s; bucket %s (made by dev as the operator; workers may not)\n", events.StreamEvents, events.StreamOutcomes, events.StreamDLQ, workers.CheckpointBucket)
+	fmt.Fprintf(out, "streams: %s, %s, %s; bucket %s (made by dev as the operator; workers may not)\n", events.StreamEvents, events.StreamOutcomes, events.StreamDLQ, events.CheckpointBucket)
 
 	token, err := devToken(filepath.Join(dir, tokenFile))
 	if err != nil {

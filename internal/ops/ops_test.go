@@ -132,9 +132,9 @@ func TestStatusAtFleetSize(t *testing.T) {
 	// Nobody consumes them: h05 has an event pending (stalled), h07 is
 	// waiting behind an earlier event, h09 has a dead letter.
 	publishTraced(t, js, "h05", 1, "")
-	kv, err := js.KeyValue(ctx, workers.CheckpointBucket)
+	kv, err := js.KeyValue(ctx, events.CheckpointBucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: workers.CheckpointBucket})
+		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: events.CheckpointBucket})
 	}
 	if err != nil {
 		t.Fatal(err)
