@@ -25,24 +25,6 @@ func hostSpec(hive string) workers.Spec {
 	}
 }
 
-func TestHostBoundIsDecidedByTheInstancesOwnSubject(t *testing.T) {
-	if !workers.HostBound(hostSpec("hive-1")) {
-		t.Error("a Spec reading its own hive's subject is not host-bound")
-	}
-	join := workers.Spec{Name: "join", Instance: "box-7", Subjects: []string{
-		"steward.events.invitation.written.box-7", "steward.events.hostfloor.published"}}
-	if !workers.HostBound(join) {
-		t.Error("join, reading its box's invitations and the shared floor, is not host-bound")
-	}
-	converge := workers.Spec{Name: "converge", Instance: "prod", Subjects: []string{"steward.events.release.published"}}
-	if workers.HostBound(converge) {
-		t.Error("converge, reading the shared release subject, is host-bound")
-	}
-	if workers.HostBound(spec("all")) {
-		t.Error("a Spec reading every hive is host-bound")
-	}
-}
-
 func newWorker(t *testing.T, js jetstream.JetStream, s workers.Spec, opts ...workers.Option) *workers.Runtime {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -55,7 +55,7 @@ shutdown grace and naks the rest for immediate redelivery. Runtime.Replay
 runs stored events through the handler again, outside the consumer.
 
 The keys being retried and the keys waiting behind an earlier event are
-published in a status document (StatusKey) and as metrics; error text is
+published in a status document (events.StatusKey) and as metrics; error text is
 never a metric label.
 
 # Writing a worker

@@ -139,7 +139,7 @@ func TestStatusAtFleetSize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	doc, _ := json.Marshal(workers.Status{Worker: "credential", Instance: "h07", Process: "host-1", UpdatedAt: time.Now(),
+	doc, _ := json.Marshal(events.Status{Worker: "credential", Instance: "h07", Process: "host-1", UpdatedAt: time.Now(),
 		Retrying: []events.RetryingKey{}, Waiting: []events.WaitingKey{{Key: "h07", EventID: "rot-h07-2", Sequence: 9, Behind: 4, Since: time.Now()}}})
 	if _, err := kv.Put(ctx, events.StatusKey("credential", "h07"), doc); err != nil {
 		t.Fatal(err)
