@@ -2,7 +2,6 @@ package ops_test
 
 import (
 	"errors"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -17,17 +16,11 @@ func TestServeMuxSaysWhyItIsNotReady(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "steward_test_total", Help: "a counter"}))
 	var notReady error = errors.New("the consumer is not created yet")
-	hs := httptest.NewServer(ops.NewServeMux(reg, func() error { return notReady }))
-	defer hs.Close()
+	mux := ops.NewServeMux(reg, func() error { return notReady })
 	get := func(path string) (int, string) {
-		t.Helper()
-		resp, err := http.Get(hs.URL + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body)
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		return rec.Code, rec.Body.String()
 	}
 	if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "not ready: the consumer is not created yet") {
 		t.Fatalf("/readyz before ready: %d %q", code, body)
