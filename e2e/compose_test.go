@@ -30,7 +30,6 @@ import (
 	"github.com/steward-dev/steward/internal/natsauth"
 	"github.com/steward-dev/steward/internal/signing"
 	"github.com/steward-dev/steward/publisher"
-	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/converge"
 	"github.com/steward-dev/steward/workers/join"
 	"github.com/steward-dev/steward/workers/provision"
@@ -633,7 +632,7 @@ func testCompose(t *testing.T, name string, files []string, replicas, natsNodes 
 	// The test reads the bus as the operator, with setup's credentials.
 	b := connect(t, r.mapAddrs("converge", r.declared("converge", "STEWARD_NATS_URL")), nats.UserCredentials(r.env(p.Services["setup"])["STEWARD_NATS_CREDS"]))
 	r.closedBus(b.nc.ConnectedUrl())
-	for _, s := range []string{events.StreamEvents, events.StreamOutcomes, events.StreamDLQ, "KV_" + workers.CheckpointBucket} {
+	for _, s := range []string{events.StreamEvents, events.StreamOutcomes, events.StreamDLQ, "KV_" + events.CheckpointBucket} {
 		got, err := streamReplicas(b, s)
 		if err != nil || got != replicas {
 			t.Errorf("stream %s has %d replicas (%v); want %d", s, got, err, replicas)

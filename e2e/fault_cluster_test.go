@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
-	"github.com/steward-dev/steward/workers"
 )
 
 // cluster is three nats-server processes on 127.0.0.1 with routes to each
@@ -100,7 +99,7 @@ func TestFaultClusterLeaderKilled(t *testing.T) {
 	b.ensureStreams(t, 3)
 	fw := startFaultWorker(t, "cluster", c.urls(), 3)
 
-	for _, name := range []string{events.StreamEvents, events.StreamOutcomes, events.StreamDLQ, "KV_" + workers.CheckpointBucket} {
+	for _, name := range []string{events.StreamEvents, events.StreamOutcomes, events.StreamDLQ, "KV_" + events.CheckpointBucket} {
 		replicas, err := streamReplicas(b, name)
 		if err != nil || replicas != 3 {
 			t.Fatalf("stream %s: %d replicas (%v); want 3", name, replicas, err)

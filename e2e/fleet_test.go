@@ -80,7 +80,7 @@ func TestFleetOnAClusterSurvivesANodeRestart(t *testing.T) {
 		// has a meta leader is never answered.
 		actx, acancel := context.WithTimeout(ctx, 10*time.Second)
 		defer acancel()
-		err := workers.SetupBus(actx, b.js, workers.DefaultBusConfig(3))
+		err := events.SetupBus(actx, b.js, events.DefaultBusConfig(3))
 		return err == nil, fmt.Sprint(err)
 	})
 

@@ -3,6 +3,8 @@ package events
 import (
 	"encoding/base32"
 	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // CheckpointBucket is the KV bucket that holds, per worker instance, every
@@ -10,6 +12,31 @@ import (
 // is the bucket's one home: every key below is made here, and every
 // document is read and written through Store, which signs and verifies it.
 const CheckpointBucket = "STEWARD_CHECKPOINTS"
+
+// Defaults of the checkpoint bucket's limits, set explicitly like the
+// streams' (a limit left to the server is one the server may change).
+const (
+	// DefaultCheckpointMaxBytes bounds STEWARD_CHECKPOINTS. A checkpoint is
+	// a few hundred bytes per key and instance; a fleet of ten thousand
+	// hosts with a hundred keys each fits many times over.
+	DefaultCheckpointMaxBytes = 4 << 30
+	// DefaultCheckpointMaxValueSize bounds one checkpoint with the stage
+	// its handler saved.
+	DefaultCheckpointMaxValueSize = 1 << 20
+)
+
+// checkpointBucketConfig is the bucket as `steward setup` makes it
+// (BusConfig) and a worker creates it when it is missing.
+func checkpointBucketConfig(replicas int, maxBytes int64, maxValueSize int32) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket:       CheckpointBucket,
+		Description:  "Steward workers' checkpoints and state",
+		Storage:      jetstream.FileStorage,
+		Replicas:     replicas,
+		MaxBytes:     maxBytes,
+		MaxValueSize: maxValueSize,
+	}
+}
 
 // The bucket's keys. Every key but the upgrade record starts with a
 // worker instance's prefix, so the permission table can give an instance

@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
-
-	"github.com/steward-dev/steward/events"
 )
 
 // Handler applies one event. It must be idempotent: after a crash the same
@@ -94,7 +92,4 @@ const (
 	DefaultStatusInterval = 5 * time.Second
 	DefaultConcurrency    = 32
 	DefaultShutdownGrace  = 30 * time.Second
-	// CheckpointBucket is the KV bucket holding checkpoints and the
-	// handlers' state (events.CheckpointBucket, the bucket's one home).
-	CheckpointBucket = events.CheckpointBucket
 )

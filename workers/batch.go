@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/steward-dev/steward/events"
 )
 
 // maxBatch bounds how many events of one lane a single checkpoint write
@@ -97,7 +99,7 @@ func (w *Runtime) flush(b *batch) {
 	last := b.events[len(b.events)-1]
 	if err := w.markApplied(w.handlerCtx, last, b.cp, b.rev); err != nil {
 		w.log.Warn().Err(err).Str("key", last.key).Int("events", len(b.events)).
-			Msg("the checkpoint of a run of settled events could not be written to " + CheckpointBucket +
+			Msg("the checkpoint of a run of settled events could not be written to " + events.CheckpointBucket +
 				" (is it reachable, and within its limits?); nothing of the run is acked, and it is recorded again after a backoff, not handled again")
 		for _, h := range b.events {
 			w.requeue(b.lane, h, err)

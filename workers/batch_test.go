@@ -42,7 +42,7 @@ func TestARunOfOneKeySharesOneCheckpointWrite(t *testing.T) {
 	}
 	workertest.WaitUntil(t, "all twenty held", func() bool { return consumerInfo(t, js, r.ConsumerName()).NumAckPending == n })
 
-	kv, err := js.KeyValue(ctx, workers.CheckpointBucket)
+	kv, err := js.KeyValue(ctx, events.CheckpointBucket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestARunWhoseCheckpointCannotBeWrittenIsRecordedLater(t *testing.T) {
 	}
 	workertest.WaitUntil(t, "all five held", func() bool { return consumerInfo(t, js, r.ConsumerName()).NumAckPending == n })
 
-	bucket, err := js.Stream(ctx, "KV_"+workers.CheckpointBucket)
+	bucket, err := js.Stream(ctx, "KV_"+events.CheckpointBucket)
 	if err != nil {
 		t.Fatal(err)
 	}

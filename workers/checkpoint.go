@@ -76,14 +76,14 @@ func (w *Runtime) markApplied(ctx context.Context, h *held, cp checkpoint, rev u
 		if err == nil {
 			return nil
 		}
-		if !errors.Is(err, ErrConflict) {
+		if !errors.Is(err, events.ErrConflict) {
 			return fmt.Errorf("record %s settled at sequence %d (event %s): %w", h.key, h.seq, h.event.ID(), err)
 		}
 		if cp, rev, err = w.getCheckpoint(ctx, h.lane); err != nil {
 			return err
 		}
 	}
-	return fmt.Errorf("record %s settled at sequence %d (event %s): %w", h.key, h.seq, h.event.ID(), ErrConflict)
+	return fmt.Errorf("record %s settled at sequence %d (event %s): %w", h.key, h.seq, h.event.ID(), events.ErrConflict)
 }
 
 // cpCacheSize bounds the checkpoints cached per worker instance: enough for

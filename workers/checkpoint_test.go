@@ -77,13 +77,13 @@ func TestStateIsCompareAndSwap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.Put(ctx, "installed", map[string]string{"Version": "0.9.0"}, 0); !errors.Is(err, workers.ErrConflict) {
+	if _, err := st.Put(ctx, "installed", map[string]string{"Version": "0.9.0"}, 0); !errors.Is(err, events.ErrConflict) {
 		t.Fatalf("create over an existing document: %v", err)
 	}
 	if _, err := st.Put(ctx, "installed", map[string]string{"Version": "2.0.0"}, rev1); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.Put(ctx, "installed", map[string]string{"Version": "1.5.0"}, rev1); !errors.Is(err, workers.ErrConflict) {
+	if _, err := st.Put(ctx, "installed", map[string]string{"Version": "1.5.0"}, rev1); !errors.Is(err, events.ErrConflict) {
 		t.Fatalf("write over a stale revision: %v", err)
 	}
 	if _, err := st.Get(ctx, "installed", &v); err != nil || v.Version != "2.0.0" {
@@ -109,7 +109,7 @@ func TestStartsOnAStoreThePreviousVersionWrote(t *testing.T) {
 	second := publishRotation(t, js, "hive-u", 2)
 
 	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: workers.CheckpointBucket, Description: "Steward workers' checkpoints and state",
+		Bucket: events.CheckpointBucket, Description: "Steward workers' checkpoints and state",
 		Storage: jetstream.FileStorage, Replicas: 1,
 	})
 	if err != nil {

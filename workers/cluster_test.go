@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/workertest"
 )
@@ -48,7 +49,7 @@ func TestCompareAndSwapOnAThreeNodeCluster(t *testing.T) {
 			switch {
 			case err == nil:
 				wins++
-			case errors.Is(err, workers.ErrConflict):
+			case errors.Is(err, events.ErrConflict):
 				conflicts++
 			default:
 				t.Fatalf("a lost race came back as %v, not ErrConflict", err)
@@ -92,7 +93,7 @@ func TestCompareAndSwapOnAThreeNodeCluster(t *testing.T) {
 	}), workers.WithReplicas(3))
 	workertest.WaitIdle(t, jsA, ra.ConsumerName())
 	<-stale
-	if err := <-errs; !errors.Is(err, workers.ErrConflict) {
+	if err := <-errs; !errors.Is(err, events.ErrConflict) {
 		t.Fatalf("a stage saved over a stale checkpoint revision came back as %v, want ErrConflict", err)
 	}
 }

@@ -27,12 +27,12 @@ const (
 	fleetPullHeartbeat = 30 * time.Second
 )
 
-// HostBound says whether spec is an instance that serves one host (a box,
+// hostBound says whether spec is an instance that serves one host (a box,
 // a hive, a database machine): one of its subjects ends in the instance's
 // own token, so the consumer reads that host's events and little else. Such
 // consumers are R1 (see ensureConsumer); converge, whose release subject
 // is shared by every install, is not host-bound.
-func HostBound(spec Spec) bool {
+func hostBound(spec Spec) bool {
 	return slices.ContainsFunc(spec.Subjects, func(s string) bool {
 		return strings.HasSuffix(s, "."+spec.Instance)
 	})
@@ -65,7 +65,7 @@ func (w *Runtime) consumerConfig() jetstream.ConsumerConfig {
 		MaxAckPending: w.o.maxAckPending,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	}
-	if HostBound(w.spec) {
+	if hostBound(w.spec) {
 		cfg.Replicas = 1
 	}
 	return cfg
@@ -131,7 +131,7 @@ func sameConsumer(have, want jetstream.ConsumerConfig) bool {
 // heartbeat. The runtime's Messages call (consume.go) sets the batch; this
 // adds what makes an idle instance cheap for the server.
 func (w *Runtime) wrapConsumer(c jetstream.Consumer) jetstream.Consumer {
-	if !HostBound(w.spec) {
+	if !hostBound(w.spec) {
 		return c
 	}
 	return fleetConsumer{Consumer: c}

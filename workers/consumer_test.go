@@ -25,24 +25,6 @@ func hostSpec(hive string) workers.Spec {
 	}
 }
 
-func TestHostBoundIsDecidedByTheInstancesOwnSubject(t *testing.T) {
-	if !workers.HostBound(hostSpec("hive-1")) {
-		t.Error("a Spec reading its own hive's subject is not host-bound")
-	}
-	join := workers.Spec{Name: "join", Instance: "box-7", Subjects: []string{
-		"steward.events.invitation.written.box-7", "steward.events.hostfloor.published"}}
-	if !workers.HostBound(join) {
-		t.Error("join, reading its box's invitations and the shared floor, is not host-bound")
-	}
-	converge := workers.Spec{Name: "converge", Instance: "prod", Subjects: []string{"steward.events.release.published"}}
-	if workers.HostBound(converge) {
-		t.Error("converge, reading the shared release subject, is host-bound")
-	}
-	if workers.HostBound(spec("all")) {
-		t.Error("a Spec reading every hive is host-bound")
-	}
-}
-
 func newWorker(t *testing.T, js jetstream.JetStream, s workers.Spec, opts ...workers.Option) *workers.Runtime {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -114,9 +96,9 @@ func TestConsumerLimitIsNamed(t *testing.T) {
 	js := srv.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cfg := workers.DefaultBusConfig(1)
+	cfg := events.DefaultBusConfig(1)
 	cfg.Streams.MaxConsumers = 2
-	if err := workers.SetupBus(ctx, js, cfg); err != nil {
+	if err := events.SetupBus(ctx, js, cfg); err != nil {
 		t.Fatal(err)
 	}
 	newWorker(t, js, hostSpec("hive-1"))
@@ -144,10 +126,10 @@ func TestWorkerStartKeepsOperatorLimits(t *testing.T) {
 	js := srv.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cfg := workers.DefaultBusConfig(1)
+	cfg := events.DefaultBusConfig(1)
 	cfg.Streams.MaxBytes = 123 << 20
 	cfg.CheckpointMaxBytes = 77 << 20
-	if err := workers.SetupBus(ctx, js, cfg); err != nil {
+	if err := events.SetupBus(ctx, js, cfg); err != nil {
 		t.Fatal(err)
 	}
 	newWorker(t, js, hostSpec("hive-1"))
@@ -158,7 +140,7 @@ func TestWorkerStartKeepsOperatorLimits(t *testing.T) {
 	if got := s.CachedInfo().Config.MaxBytes; got != 123<<20 {
 		t.Errorf("events max bytes %d after a worker started, want the operator's %d", got, 123<<20)
 	}
-	kv, err := js.KeyValue(ctx, workers.CheckpointBucket)
+	kv, err := js.KeyValue(ctx, events.CheckpointBucket)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -61,7 +61,7 @@ type Backend interface {
 	Emit(ctx context.Context, outcome event.Event) error
 	// SaveStage records stage as how far the handler got with d's event,
 	// for a redelivery of the same event to resume from. An error wrapping
-	// ErrConflict says another process moved the key on meanwhile.
+	// events.ErrConflict says another process moved the key on meanwhile.
 	SaveStage(ctx context.Context, d *Delivery, stage json.RawMessage) error
 	// State is the worker instance's durable state.
 	State() *State

@@ -55,17 +55,17 @@ shutdown grace and naks the rest for immediate redelivery. Runtime.Replay
 runs stored events through the handler again, outside the consumer.
 
 The keys being retried and the keys waiting behind an earlier event are
-published in a status document (StatusKey) and as metrics; error text is
+published in a status document (events.StatusKey) and as metrics; error text is
 never a metric label.
 
 # Writing a worker
 
 A worker package (converge, join, credential and provision are the four
 Steward ships) has a Config with AddFlags, a New that checks it and returns
-a Service (the Handler with its Spec and Close), and a Dev that prepares a
-development instance; Package names the four, and one line of
-cmd/steward/kinds.go registers it, which gives it `steward worker`,
-`steward replay` and a place in `steward dev`.
+the worker (the Handler with its Spec, and Close), and a Dev that prepares
+a development instance; one line of cmd/steward/kinds.go registers it, which
+gives it `steward worker`, `steward replay` and a place in `steward dev`
+(the command's plugin contract, cmd/steward/plugin.go).
 
 A handler only ever sees its Delivery: the event, its key, its attempt, and
 through it the means to emit outcomes, save a stage and read and write
@@ -83,77 +83,3 @@ sequence and the outcome, so a redelivery that emits again is stored once.
 Never put a secret in an outcome, a log line or an error.
 */
 package workers
-
-import (
-	"context"
-
-	"github.com/spf13/pflag"
-)
-
-// Service is a worker as `steward worker` runs it: the Handler, the Spec it
-// consumes, and Close for whatever it holds between events (a connection
-// pool). A worker package's New returns one.
-type Service interface {
-	Handler
-	Spec() Spec
-	Close() error
-}
-
-// Package is the contract a worker package meets to be a `steward worker`:
-// its name, how its Config is read from flags (each flag has the
-// STEWARD_<FLAG> environment twin), how a Service is made from a Config,
-// and how `steward dev` prepares a development instance. A worker package
-// need not export a Package value; cmd/steward/kinds.go builds one from the
-// four functions.
-type Package[C any, W Service] struct {
-	// Name is the worker's name: `steward worker <Name>`, Spec.Name.
-	Name string
-	// AddFlags registers the Config's flags on fs, with their defaults.
-	AddFlags func(cfg *C, fs *pflag.FlagSet)
-	// New checks a Config and returns the worker, failing at start
-	// rather than on every event for what no event can fix (a key it
-	// cannot read).
-	New func(cfg C) (W, error)
-	// Dev makes a development instance's keys and fixtures under dir and
-	// returns its Config and the lines that tell a newcomer how to feed
-	// it (a `steward publish` command). Nil: the worker has no dev mode.
-	Dev func(ctx context.Context, dir string) (C, []string, error)
-}
-
-// Bind registers the Package's flags on fs and returns what builds the
-// worker from them once fs is parsed.
-func (p Package[C, W]) Bind(fs *pflag.FlagSet) func() (Service, error) {
-	cfg := new(C)
-	p.AddFlags(cfg, fs)
-	return func() (Service, error) { return p.build(*cfg) }
-}
-
-// DevService builds the development instance whose keys and fixtures live
-// under dir, with the lines telling a newcomer how to feed it.
-func (p Package[C, W]) DevService(ctx context.Context, dir string) (Service, []string, error) {
-	if p.Dev == nil {
-		return nil, nil, errDevUnsupported(p.Name)
-	}
-	cfg, lines, err := p.Dev(ctx, dir)
-	if err != nil {
-		return nil, nil, err
-	}
-	s, err := p.build(cfg)
-	return s, lines, err
-}
-
-// build returns New's worker as a Service, and a nil interface (not a nil
-// W inside one) when New fails.
-func (p Package[C, W]) build(cfg C) (Service, error) {
-	w, err := p.New(cfg)
-	if err != nil {
-		return nil, err
-	}
-	return w, nil
-}
-
-type errDevUnsupported string
-
-func (e errDevUnsupported) Error() string {
-	return "worker " + string(e) + " has no development mode"
-}

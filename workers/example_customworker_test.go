@@ -29,7 +29,8 @@ func (c *MOTDConfig) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Path, "motd-path", c.Path, "the file the current client id is written to")
 }
 
-// MOTD is the worker: a workers.Service.
+// MOTD is the worker: a Handler with its Spec, and Close, which is what
+// `steward worker` runs.
 type MOTD struct{ cfg MOTDConfig }
 
 // NewMOTD checks the configuration, so a worker that cannot work fails at
@@ -96,7 +97,7 @@ func DevMOTD(_ context.Context, dir string) (MOTDConfig, []string, error) {
 
 // Example_customWorker writes a fifth worker, tests it and registers it.
 //
-// A worker is a Config with AddFlags, a New that returns a workers.Service
+// A worker is a Config with AddFlags, a New that returns the worker
 // (Handle, Spec, Close) and a Dev for `steward dev`. Its Handle sees only
 // the Delivery: decode the data, decide, act, emit the outcome; nil is
 // applied, workers.Refused a policy refusal, workers.Permanent a dead
@@ -109,23 +110,24 @@ func DevMOTD(_ context.Context, dir string) (MOTDConfig, []string, error) {
 //
 //	define("motd", (*MOTDConfig).AddFlags, NewMOTD, DevMOTD),
 //
-// which builds the workers.Package below, and gives it `steward worker
-// motd`, `steward replay motd` and a place in `steward dev`.
+// which gives it `steward worker motd`, `steward replay motd` and a place
+// in `steward dev`; the command then builds the worker as below, from its
+// flags.
 func Example_customWorker() {
 	// In a test, use the test's own t; an example has none, so exampleTB
 	// panics on the first failure, which fails the example all the same.
 	var t testing.TB = exampleTB{}
-	pkg := workers.Package[MOTDConfig, *MOTD]{Name: "motd", AddFlags: (*MOTDConfig).AddFlags, New: NewMOTD, Dev: DevMOTD}
 
 	// As `steward worker motd --hive h1 --motd-path ...` would build it.
+	var cfg MOTDConfig
 	fs := pflag.NewFlagSet("motd", pflag.ContinueOnError)
-	build := pkg.Bind(fs)
+	cfg.AddFlags(fs)
 	dir, _ := os.MkdirTemp("", "motd")
 	defer os.RemoveAll(dir)
 	if err := fs.Parse([]string{"--hive", "h1", "--motd-path", filepath.Join(dir, "motd")}); err != nil {
 		panic(err)
 	}
-	svc, err := build()
+	svc, err := NewMOTD(cfg)
 	if err != nil {
 		panic(err)
 	}

@@ -2,10 +2,8 @@ package workers
 
 import (
 	"errors"
-	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/steward-dev/steward/events"
 )
@@ -157,23 +155,4 @@ func newMetrics(r prometheus.Registerer) *metrics {
 			Help: "Documents of the instance's in the checkpoint bucket that did not verify for their writer, by kind; each was not believed and fell back (docs/design.md §7).",
 		}, append(labels, "kind"))),
 	}
-}
-
-// NewServeMux serves Prometheus metrics from g on /metrics, liveness on
-// /healthz and readiness on /readyz: ready reports why the process cannot
-// do its work yet (nil when it can).
-func NewServeMux(g prometheus.Gatherer, ready func() error) *http.ServeMux {
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Write([]byte("ok\n"))
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := ready(); err != nil {
-			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		w.Write([]byte("ready\n"))
-	})
-	return mux
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/ops"
 	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/workertest"
 )
@@ -53,7 +54,7 @@ func TestLogsCarryTheFieldsAndMetricsAndHealthAreServed(t *testing.T) {
 		t.Error("no duration in the log line")
 	}
 
-	hs := httptest.NewServer(workers.NewServeMux(reg, r.Ready))
+	hs := httptest.NewServer(ops.NewServeMux(reg, r.Ready))
 	defer hs.Close()
 	get := func(path string) (int, string) {
 		resp, err := http.Get(hs.URL + path)

@@ -47,17 +47,6 @@ func (m ReadMode) String() string {
 	return "consumer"
 }
 
-// ParseReadMode reads "consumer" or "stream".
-func ParseReadMode(s string) (ReadMode, error) {
-	switch s {
-	case "consumer", "":
-		return ReadConsumer, nil
-	case "stream":
-		return ReadStream, nil
-	}
-	return ReadConsumer, fmt.Errorf("read mode %q: want consumer or stream", s)
-}
-
 // DefaultResync is how often a stream-reading instance reads its subjects
 // again with nothing to wake it: what covers a wake-up lost while the
 // connection was down. A reconnect reads them at once too.

@@ -43,7 +43,7 @@ func startBus(t *testing.T) *bus {
 	srv := workertest.StartClosedServer(t)
 	_, opJS := srv.ConnectAs(t, natsauth.Operator())
 	ctx := context.Background()
-	if err := workers.SetupBus(ctx, opJS, workers.DefaultBusConfig(1)); err != nil {
+	if err := events.SetupBus(ctx, opJS, events.DefaultBusConfig(1)); err != nil {
 		t.Fatal(err)
 	}
 	signer, verifier := srv.Keys(t, natsauth.Operator())

@@ -111,7 +111,7 @@ func NewReplayer(ctx context.Context, js jetstream.JetStream, spec Spec, h Handl
 	ephemeral := documentKeys(&o, spec.Name+"-"+spec.Instance)
 	w := &Runtime{js: js, spec: spec, handler: h, o: o, m: newMetrics(o.registerer).forInstance(spec.Name, spec.Instance), ephemeralKey: ephemeral}
 	w.log = o.logger.With().Str("worker", spec.Name).Str("instance", spec.Instance).Logger()
-	kv, err := js.KeyValue(ctx, CheckpointBucket)
+	kv, err := js.KeyValue(ctx, events.CheckpointBucket)
 	switch {
 	case err == nil:
 		if err := w.bindStore(ctx, kv); err != nil {
@@ -119,7 +119,7 @@ func NewReplayer(ctx context.Context, js jetstream.JetStream, spec Spec, h Handl
 		}
 		w.state = &State{prefix: events.StatePrefix(spec.Name, spec.Instance), open: w.openStore}
 	case !errors.Is(err, jetstream.ErrBucketNotFound):
-		return nil, fmt.Errorf("look up bucket %s: %w", CheckpointBucket, err)
+		return nil, fmt.Errorf("look up bucket %s: %w", events.CheckpointBucket, err)
 	}
 	return &Replayer{w: w}, nil
 }

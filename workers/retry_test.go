@@ -12,6 +12,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/workertest"
 )
@@ -243,9 +244,10 @@ func TestRetryingKeysAreInTheStatusDocumentWithSecretsElided(t *testing.T) {
 	}), cappedBackoff(50*time.Millisecond), workers.WithAckWait(300*time.Millisecond), workers.WithStatusInterval(10*time.Millisecond))
 	publishRotation(t, js, "hive-s", 1)
 
-	var st workers.Status
+	docs := workertest.OperatorDocs(t, js)
+	var st events.Status
 	workertest.WaitUntil(t, "the status document shows hive-s retrying", func() bool {
-		s, ok, err := workers.ReadStatus(context.Background(), r.State(), testWorker, "status")
+		s, ok, err := readStatus(docs, testWorker, "status")
 		st = s
 		return err == nil && ok && len(s.Retrying) == 1 && s.Retrying[0].Attempt >= 2
 	})
@@ -259,7 +261,22 @@ func TestRetryingKeysAreInTheStatusDocumentWithSecretsElided(t *testing.T) {
 	dep.set(false)
 	workertest.WaitIdle(t, js, r.ConsumerName())
 	workertest.WaitUntil(t, "the status document shows nothing retrying", func() bool {
-		s, ok, err := workers.ReadStatus(context.Background(), r.State(), testWorker, "status")
+		s, ok, err := readStatus(docs, testWorker, "status")
 		return err == nil && ok && len(s.Retrying) == 0
 	})
+}
+
+// readStatus reads the status document of a worker instance as it is
+// stored, unredacted: a missing one (nothing ever retried) is false, and
+// one that does not verify as the instance's is an error.
+func readStatus(docs *events.Store, worker, instance string) (events.Status, bool, error) {
+	var st events.Status
+	d, err := docs.Get(context.Background(), events.StatusKey(worker, instance))
+	if err != nil || !d.Present() {
+		return st, false, err
+	}
+	if !d.Trusted {
+		return st, false, fmt.Errorf("the status of %s-%s does not verify as the instance's", worker, instance)
+	}
+	return st, true, d.Decode(&st)
 }

@@ -13,10 +13,6 @@ import (
 	"github.com/steward-dev/steward/events"
 )
 
-// ErrConflict says a compare-and-swap write lost: another process wrote the
-// same entry first. Read again and decide again.
-var ErrConflict = events.ErrConflict
-
 // ErrUntrusted says a state document is there but does not verify as this
 // instance's (docs/design.md §7): it is not believed, and the handler
 // treats it as absent, rebuilding what it said from signed evidence. The
@@ -41,7 +37,7 @@ type State struct {
 // runtime's does: Get of a missing document is revision 0, every Put moves
 // a revision shared by all documents (as a KV bucket's does), and a Put
 // over a revision that is no longer current, or with 0 over a document
-// that exists, fails with ErrConflict.
+// that exists, fails with events.ErrConflict.
 func NewMemoryState() *State { return &State{mem: &memStore{docs: map[string]memDoc{}}} }
 
 func (s *State) key(name string) (string, error) {
@@ -89,7 +85,7 @@ func (s *State) Get(ctx context.Context, name string, v any) (uint64, error) {
 
 // Put writes v as the document name if its revision is still rev (0: only
 // if it does not exist yet) and returns the new revision. A lost race
-// returns an error wrapping ErrConflict.
+// returns an error wrapping events.ErrConflict.
 func (s *State) Put(ctx context.Context, name string, v any, rev uint64) (uint64, error) {
 	k, err := s.key(name)
 	if err != nil {
@@ -177,7 +173,7 @@ func (m *memStore) put(key string, value []byte, rev uint64) (uint64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if cur := m.docs[key]; cur.rev != rev {
-		return 0, fmt.Errorf("%s: %w", key, ErrConflict)
+		return 0, fmt.Errorf("%s: %w", key, events.ErrConflict)
 	}
 	m.rev++
 	m.docs[key] = memDoc{value: append([]byte(nil), value...), rev: m.rev}

@@ -12,33 +12,9 @@ import (
 	"github.com/steward-dev/steward/events"
 )
 
-// Status is the document a worker instance keeps under
-// events.StatusKey (events.Status): what it retries, what waits, and what
-// it found forged.
-type Status = events.Status
-
-// ReadStatus reads the status document of a worker instance through s's
-// store; a missing one (nothing ever retried) is reported as false, and
-// one that does not verify as the instance's is an error.
-func ReadStatus(ctx context.Context, s *State, worker, instance string) (Status, bool, error) {
-	var st Status
-	store, err := s.open(ctx)
-	if err != nil {
-		return st, false, err
-	}
-	doc, err := store.Get(ctx, events.StatusKey(worker, instance))
-	if err != nil || !doc.Present() {
-		return st, false, err
-	}
-	if !doc.Trusted {
-		return st, false, fmt.Errorf("the status of %s-%s: %w", worker, instance, ErrUntrusted)
-	}
-	return st, true, doc.Decode(&st)
-}
-
 // snapshot is the worker's current status, keys in order.
-func (w *Runtime) snapshot() Status {
-	st := Status{Worker: w.spec.Name, Instance: w.spec.Instance, Process: processName(), UpdatedAt: w.now().UTC(),
+func (w *Runtime) snapshot() events.Status {
+	st := events.Status{Worker: w.spec.Name, Instance: w.spec.Instance, Process: processName(), UpdatedAt: w.now().UTC(),
 		Retrying: []events.RetryingKey{}, Waiting: []events.WaitingKey{}}
 	st.Forged, st.Forgeries = w.forged.snapshot()
 	w.mu.Lock()

@@ -175,13 +175,13 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, o 
 		return err
 	}
 	defer nc.Close()
-	if err := workers.SetupBus(ctx, js, workers.DefaultBusConfig(g.replicas)); err != nil {
+	if err := events.SetupBus(ctx, js, events.DefaultBusConfig(g.replicas)); err != nil {
 		return err
 	}
 	if _, err := recordUpgrade(ctx, opG, js); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "streams: %s, %s, %s; bucket %s (made by dev as the operator; workers may not)\n", events.StreamEvents, events.StreamOutcomes, events.StreamDLQ, workers.CheckpointBucket)
+	fmt.Fprintf(out, "streams: %s, %s, %s; bucket %s (made by dev as the operator; workers may not)\n", events.StreamEvents, events.StreamOutcomes, events.StreamDLQ, events.CheckpointBucket)
 
 	token, err := devToken(filepath.Join(dir, tokenFile))
 	if err != nil {
@@ -336,7 +336,7 @@ func (c devCreds) write(id natsauth.Identity) (string, error) {
 
 // startWorker connects as h's instance, with credentials scoped to it, and
 // makes its runtime.
-func (c devCreds) startWorker(ctx context.Context, g *globals, rf *runtimeFlags, reg *prometheus.Registry, h handler) (*nats.Conn, *workers.Runtime, error) {
+func (c devCreds) startWorker(ctx context.Context, g *globals, rf *runtimeFlags, reg *prometheus.Registry, h service) (*nats.Conn, *workers.Runtime, error) {
 	spec := h.Spec()
 	id, err := natsauth.Worker(spec.Name, spec.Instance)
 	if err != nil {
@@ -449,7 +449,7 @@ func describeDatabaseURL(u string) string {
 
 // devHandler builds a worker's development instance; provision's runs
 // against the PostgreSQL dev found, or not at all.
-func devHandler(ctx context.Context, k kind, dir string, pg *devPostgres) (handler, []string, error) {
+func devHandler(ctx context.Context, k kind, dir string, pg *devPostgres) (service, []string, error) {
 	if k.name != provision.Name {
 		return k.dev(ctx, dir)
 	}

@@ -27,7 +27,6 @@ import (
 	"github.com/steward-dev/steward/internal/natsauth"
 	"github.com/steward-dev/steward/internal/pgserver"
 	"github.com/steward-dev/steward/publisher"
-	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/converge"
 	"github.com/steward-dev/steward/workers/credential"
 	"github.com/steward-dev/steward/workers/join"
@@ -791,13 +790,13 @@ func TestDevAuth(t *testing.T) {
 	}
 
 	_, js := connectCreds(t, d.natsURL, d.operatorCreds)
-	kv, err := js.KeyValue(context.Background(), workers.CheckpointBucket)
+	kv, err := js.KeyValue(context.Background(), events.CheckpointBucket)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cp := "cp." + converge.Name + "." + converge.DevInstall + ".forged"
 	pub, pubDenied := watchedConn(t, d.natsURL, d.publisherCreds)
-	refusedPublish(t, pub, pubDenied, "$KV."+workers.CheckpointBucket+"."+cp)
+	refusedPublish(t, pub, pubDenied, "$KV."+events.CheckpointBucket+"."+cp)
 	refusedPublish(t, pub, pubDenied, "$JS.API.STREAM.INFO."+events.StreamEvents)
 	if _, err := kv.Get(context.Background(), cp); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Fatalf("the publisher's forged checkpoint: %v", err)
@@ -805,8 +804,8 @@ func TestDevAuth(t *testing.T) {
 
 	w, wDenied := watchedConn(t, d.natsURL, workerCreds)
 	refusedPublish(t, w, wDenied, "steward.events.release.published")
-	refusedPublish(t, w, wDenied, "$KV."+workers.CheckpointBucket+".cp."+join.Name+"."+join.DevBox+".invitation")
-	refusedPublish(t, w, wDenied, "$KV."+workers.CheckpointBucket+".rt."+credential.Name+"."+credential.DevHive)
+	refusedPublish(t, w, wDenied, "$KV."+events.CheckpointBucket+".cp."+join.Name+"."+join.DevBox+".invitation")
+	refusedPublish(t, w, wDenied, "$KV."+events.CheckpointBucket+".rt."+credential.Name+"."+credential.DevHive)
 
 	// The fleet path: a new instance's credentials from the signing key
 	// alone; dev's server trusts them as they are.
@@ -820,12 +819,12 @@ func TestDevAuth(t *testing.T) {
 		t.Fatalf("issued credentials: %v (%v); want 0600", fi, err)
 	}
 	fleet, fleetDenied := watchedConn(t, d.natsURL, issued)
-	refusedPublish(t, fleet, fleetDenied, "$KV."+workers.CheckpointBucket+".cp."+converge.Name+"."+converge.DevInstall+".release")
+	refusedPublish(t, fleet, fleetDenied, "$KV."+events.CheckpointBucket+".cp."+converge.Name+"."+converge.DevInstall+".release")
 	fjs, err := jetstream.New(fleet)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fkv, err := fjs.KeyValue(context.Background(), workers.CheckpointBucket)
+	fkv, err := fjs.KeyValue(context.Background(), events.CheckpointBucket)
 	if err != nil {
 		t.Fatalf("install-7 binds the bucket: %v", err)
 	}

@@ -16,7 +16,7 @@ import (
 )
 
 // kinds is every worker Steward has. `worker`, `replay` and `dev` are built
-// from it, so a new worker is one line here (workers.Package is the
+// from it, so a new worker is one line here (plugin, plugin.go, is the
 // contract its package meets).
 var kinds = []kind{
 	define("converge", (*converge.Config).AddFlags, converge.New, converge.Dev, "install", converge.SpecFor),
@@ -25,19 +25,16 @@ var kinds = []kind{
 	define("provision", (*provision.Config).AddFlags, provision.New, provision.Dev, "machine", provision.SpecFor),
 }
 
-// handler is what every worker package's *Worker is.
-type handler = workers.Service
-
 // kind is one worker package behind a shape that does not depend on its
 // Config type.
 type kind struct {
 	name string
 	// bind registers the worker's flags on fs and returns what builds the
 	// worker from them once they are parsed.
-	bind func(fs *pflag.FlagSet) func() (handler, error)
+	bind func(fs *pflag.FlagSet) func() (service, error)
 	// dev builds a development instance whose keys and fixtures live under
 	// dir, with the lines telling a newcomer how to feed it.
-	dev func(ctx context.Context, dir string) (handler, []string, error)
+	dev func(ctx context.Context, dir string) (service, []string, error)
 	// instanceFlag is the flag naming the instance (--hive, --install,
 	// ...), and spec the instance's Spec from it alone: a dry run only
 	// decodes and validates, so it asks for nothing else.
@@ -48,7 +45,7 @@ type kind struct {
 // define registers a worker package by its four parts, the flag naming its
 // instance and its SpecFor; the type parameters are inferred, so the line
 // in kinds names no types.
-func define[C any, W handler](
+func define[C any, W service](
 	name string,
 	addFlags func(*C, *pflag.FlagSet),
 	newWorker func(C) (W, error),
@@ -56,8 +53,8 @@ func define[C any, W handler](
 	instanceFlag string,
 	spec func(instance string) workers.Spec,
 ) kind {
-	p := workers.Package[C, W]{Name: name, AddFlags: addFlags, New: newWorker, Dev: dev}
-	return kind{name: p.Name, bind: p.Bind, dev: p.DevService, instanceFlag: instanceFlag, spec: spec}
+	p := plugin[C, W]{name: name, addFlags: addFlags, newWorker: newWorker, dev: dev}
+	return kind{name: p.name, bind: p.bind, dev: p.devService, instanceFlag: instanceFlag, spec: spec}
 }
 
 // dryRunSpec is the Spec a dry run reads with: the instance's, from its

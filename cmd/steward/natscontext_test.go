@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/workers/workertest"
 )
 
@@ -47,7 +47,7 @@ func writeContext(t *testing.T, home, name string, fields map[string]any, select
 func TestContextsAreTheNatsCLIs(t *testing.T) {
 	srv := workertest.StartServer(t)
 	js := srv.JetStream(t)
-	if err := workers.SetupBus(t.Context(), js, workers.DefaultBusConfig(1)); err != nil {
+	if err := events.SetupBus(t.Context(), js, events.DefaultBusConfig(1)); err != nil {
 		t.Fatal(err)
 	}
 	home := t.TempDir()

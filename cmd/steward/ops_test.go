@@ -339,8 +339,8 @@ func TestOpsReplayCountsAndMarks(t *testing.T) {
 			"--secret-file", secretFile, "--recipient", recipientOf(t, cfg.AgeIdentity), "--signing-key", signingKeyOf(cfg))
 	}
 	ctx := context.Background()
-	if _, err := js.KeyValue(ctx, workers.CheckpointBucket); err != nil {
-		if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: workers.CheckpointBucket}); err != nil {
+	if _, err := js.KeyValue(ctx, events.CheckpointBucket); err != nil {
+		if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: events.CheckpointBucket}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -400,7 +400,7 @@ func TestReplayVerdicts(t *testing.T) {
 		publishRotation(t, js, "h1", v)
 	}
 	ctx := context.Background()
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: workers.CheckpointBucket}); err != nil {
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: events.CheckpointBucket}); err != nil {
 		t.Fatal(err)
 	}
 	h := workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {

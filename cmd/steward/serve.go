@@ -15,10 +15,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/ops"
 	"github.com/steward-dev/steward/internal/signing"
 	"github.com/steward-dev/steward/internal/tokens"
 	"github.com/steward-dev/steward/publisher"
-	"github.com/steward-dev/steward/workers"
 )
 
 func newServeCmd(g *globals) *cobra.Command {
@@ -108,7 +108,7 @@ invitation.written and hostfloor.published: it never has anything signed.`,
 				<-served
 			}()
 			if g.httpAddr != "" && g.httpAddr != listen {
-				_, stopMetrics, err := serveHTTP(ctx, g.log, g.httpAddr, workers.NewServeMux(reg, natsReady(nc)))
+				_, stopMetrics, err := serveHTTP(ctx, g.log, g.httpAddr, ops.NewServeMux(reg, natsReady(nc)))
 				if err != nil {
 					return fmt.Errorf("--http-addr: %w", err)
 				}
@@ -212,7 +212,7 @@ func newIngress(g *globals, nc *nats.Conn, js jetstream.JetStream, reg *promethe
 	if err != nil {
 		return nil, err
 	}
-	out.mux = workers.NewServeMux(reg, ready)
+	out.mux = ops.NewServeMux(reg, ready)
 	out.mux.Handle(publisher.IngressPath, in)
 	return out, nil
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/steward-dev/steward/events"
-	"github.com/steward-dev/steward/workers"
 )
 
 // newSetupCmd is the operator's command: it creates or updates the three
@@ -17,7 +16,7 @@ import (
 // what is missing and never overwrite what this command set.
 func newSetupCmd(g *globals) *cobra.Command {
 	var (
-		cfg          = workers.DefaultBusConfig(1)
+		cfg          = events.DefaultBusConfig(1)
 		maxMsgSize   int
 		cpValueBytes int
 	)
@@ -54,7 +53,7 @@ STEWARD_MAX_CONSUMERS).`,
 			defer nc.Close()
 			// A cluster still electing its leaders refuses for a moment:
 			// a one-shot set-up service waits that out rather than fail.
-			if err := g.retry(ctx, "streams not set up yet", func() error { return workers.SetupBus(ctx, js, cfg) }); err != nil {
+			if err := g.retry(ctx, "streams not set up yet", func() error { return events.SetupBus(ctx, js, cfg) }); err != nil {
 				return fmt.Errorf("steward setup: %w", err)
 			}
 			out := cmd.OutOrStdout()
@@ -63,7 +62,7 @@ STEWARD_MAX_CONSUMERS).`,
 					sc.Name, sc.Replicas, sc.MaxAge, sc.MaxBytes, sc.MaxMsgSize, sc.MaxConsumers)
 			}
 			fmt.Fprintf(out, "bucket %s: replicas %d, max bytes %d, max value size %d\n",
-				workers.CheckpointBucket, cfg.Streams.Replicas, cfg.CheckpointMaxBytes, cfg.CheckpointMaxValueSize)
+				events.CheckpointBucket, cfg.Streams.Replicas, cfg.CheckpointMaxBytes, cfg.CheckpointMaxValueSize)
 			var u events.Upgrade
 			if err := g.retry(ctx, "upgrade record not written yet", func() (err error) { u, err = recordUpgrade(ctx, g, js); return err }); err != nil {
 				return fmt.Errorf("steward setup: %w", err)
@@ -81,8 +80,8 @@ STEWARD_MAX_CONSUMERS).`,
 	fs.DurationVar(&cfg.Streams.Dedupe, "dedupe", cfg.Streams.Dedupe, "the window in which an event republished with the same id is stored once")
 	fs.DurationVar(&cfg.Streams.DLQMaxAge, "dlq-max-age", events.DefaultDLQMaxAge, "how long dead letters are kept")
 	fs.Int64Var(&cfg.Streams.DLQMaxBytes, "dlq-max-bytes", events.DefaultDLQMaxBytes, "bytes STEWARD_DLQ may hold; full, it refuses new dead letters (the worker keeps retrying the event)")
-	fs.Int64Var(&cfg.CheckpointMaxBytes, "checkpoint-max-bytes", workers.DefaultCheckpointMaxBytes, "bytes the checkpoint bucket may hold")
-	fs.IntVar(&cpValueBytes, "checkpoint-max-value-size", workers.DefaultCheckpointMaxValueSize, "the largest checkpoint (with the stage a handler saved), in bytes")
+	fs.Int64Var(&cfg.CheckpointMaxBytes, "checkpoint-max-bytes", events.DefaultCheckpointMaxBytes, "bytes the checkpoint bucket may hold")
+	fs.IntVar(&cpValueBytes, "checkpoint-max-value-size", events.DefaultCheckpointMaxValueSize, "the largest checkpoint (with the stage a handler saved), in bytes")
 	return cmd
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/steward-dev/steward/internal/ops"
 	"github.com/steward-dev/steward/workers"
 )
 
@@ -35,12 +36,16 @@ func (f readModeFlag) String() string {
 	return f.m.String()
 }
 
+// Set reads "consumer" (or nothing, the default) or "stream".
 func (f readModeFlag) Set(s string) error {
-	m, err := workers.ParseReadMode(s)
-	if err != nil {
-		return err
+	switch s {
+	case "consumer", "":
+		*f.m = workers.ReadConsumer
+	case "stream":
+		*f.m = workers.ReadStream
+	default:
+		return fmt.Errorf("read mode %q: want consumer or stream", s)
 	}
-	*f.m = m
 	return nil
 }
 
@@ -104,7 +109,7 @@ and hands back what it had not started.`,
 
 // runWorker runs h under the runtime until ctx ends, with metrics and
 // health on --http-addr.
-func runWorker(ctx context.Context, g *globals, rf *runtimeFlags, name string, h handler) error {
+func runWorker(ctx context.Context, g *globals, rf *runtimeFlags, name string, h service) error {
 	nc, js, err := g.connect(ctx, "steward worker "+name, true)
 	if err != nil {
 		return err
@@ -129,7 +134,7 @@ func runWorker(ctx context.Context, g *globals, rf *runtimeFlags, name string, h
 		return fmt.Errorf("%s worker: %w", name, err)
 	}
 	if g.httpAddr != "" {
-		bound, stop, err := serveHTTP(ctx, g.log, g.httpAddr, workers.NewServeMux(reg, w.Ready))
+		bound, stop, err := serveHTTP(ctx, g.log, g.httpAddr, ops.NewServeMux(reg, w.Ready))
 		if err != nil {
 			return fmt.Errorf("--http-addr: %w", err)
 		}

@@ -41,6 +41,7 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/atomicfile"
+	"github.com/steward-dev/steward/internal/ops"
 	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/workertest"
 )
@@ -197,7 +198,7 @@ func run() error {
 		if err != nil {
 			return err
 		}
-		srv := &http.Server{Handler: workers.NewServeMux(reg, w.Ready), ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Handler: ops.NewServeMux(reg, w.Ready), ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(ln)
 		defer srv.Close()
 	}

@@ -190,9 +190,9 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	}
 	// The operator's set-up, as `steward setup` does it, with room for the
 	// fleet: the bench's instances and a few tools.
-	cfg := workers.DefaultBusConfig(replicas)
+	cfg := events.DefaultBusConfig(replicas)
 	cfg.Streams.MaxConsumers = max(cfg.Streams.MaxConsumers, o.Instances+100)
-	if err := retry(ctx, o.Timeout, func() error { return workers.SetupBus(ctx, jss[0], cfg) }); err != nil {
+	if err := retry(ctx, o.Timeout, func() error { return events.SetupBus(ctx, jss[0], cfg) }); err != nil {
 		return res, fmt.Errorf("setup: %w", err)
 	}
 	for _, n := range srv.Nodes {

@@ -16,14 +16,13 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/natsauth"
-	"github.com/steward-dev/steward/workers"
 )
 
 // TestBucketNameIsTheRuntimes keeps natsauth's copy of the bucket name
 // equal to the runtime's, which it does not import.
 func TestBucketNameIsTheRuntimes(t *testing.T) {
-	if natsauth.CheckpointBucket != workers.CheckpointBucket {
-		t.Fatalf("natsauth scopes bucket %s; the runtime uses %s", natsauth.CheckpointBucket, workers.CheckpointBucket)
+	if natsauth.CheckpointBucket != events.CheckpointBucket {
+		t.Fatalf("natsauth scopes bucket %s; the runtime uses %s", natsauth.CheckpointBucket, events.CheckpointBucket)
 	}
 }
 

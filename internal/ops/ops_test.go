@@ -132,14 +132,14 @@ func TestStatusAtFleetSize(t *testing.T) {
 	// Nobody consumes them: h05 has an event pending (stalled), h07 is
 	// waiting behind an earlier event, h09 has a dead letter.
 	publishTraced(t, js, "h05", 1, "")
-	kv, err := js.KeyValue(ctx, workers.CheckpointBucket)
+	kv, err := js.KeyValue(ctx, events.CheckpointBucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: workers.CheckpointBucket})
+		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: events.CheckpointBucket})
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	doc, _ := json.Marshal(workers.Status{Worker: "credential", Instance: "h07", Process: "host-1", UpdatedAt: time.Now(),
+	doc, _ := json.Marshal(events.Status{Worker: "credential", Instance: "h07", Process: "host-1", UpdatedAt: time.Now(),
 		Retrying: []events.RetryingKey{}, Waiting: []events.WaitingKey{{Key: "h07", EventID: "rot-h07-2", Sequence: 9, Behind: 4, Since: time.Now()}}})
 	if _, err := kv.Put(ctx, events.StatusKey("credential", "h07"), doc); err != nil {
 		t.Fatal(err)

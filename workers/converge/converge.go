@@ -684,7 +684,7 @@ func (w *Worker) record(ctx context.Context, d *workers.Delivery, st stage) erro
 		}
 		doc := Installed{Version: st.Version, From: st.From, Execution: st.Execution, EventID: d.Event.ID(), UpdatedAt: w.now().UTC(), Evidence: st.Evidence}
 		_, err = d.State().Put(ctx, InstalledDoc, doc, rev)
-		if errors.Is(err, workers.ErrConflict) {
+		if errors.Is(err, events.ErrConflict) {
 			continue
 		}
 		if err != nil {
@@ -692,7 +692,7 @@ func (w *Worker) record(ctx context.Context, d *workers.Delivery, st stage) erro
 		}
 		return nil
 	}
-	return fmt.Errorf("record installed version %s: %w", st.Version, workers.ErrConflict)
+	return fmt.Errorf("record installed version %s: %w", st.Version, events.ErrConflict)
 }
 
 // release carries the verified release through the runner.

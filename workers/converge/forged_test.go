@@ -12,7 +12,6 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/signing"
-	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/converge/cloudrunfake"
 	"github.com/steward-dev/steward/workers/workertest"
 )
@@ -31,7 +30,7 @@ const laneKey = "cp." + Name + "." + testInstall + ".release-published." + testI
 func forgeStage(t *testing.T, js jetstream.JetStream, seq uint64, stage any) {
 	t.Helper()
 	ctx := context.Background()
-	kv, err := js.KeyValue(ctx, workers.CheckpointBucket)
+	kv, err := js.KeyValue(ctx, events.CheckpointBucket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +248,7 @@ func TestForgedOrDeletedInstalledDocIsRebuiltFromTheRunner(t *testing.T) {
 					t.Fatalf("recorded %+v (%v), want 1.1.0 with its evidence", doc, err)
 				}
 				if c.doc == nil {
-					kv, err := js.KeyValue(context.Background(), workers.CheckpointBucket)
+					kv, err := js.KeyValue(context.Background(), events.CheckpointBucket)
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -13,7 +13,6 @@ import (
 	"github.com/secure-systems-lab/go-securesystemslib/dsse"
 
 	"github.com/steward-dev/steward/events"
-	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/join"
 	"github.com/steward-dev/steward/workers/workertest"
 )
@@ -216,7 +215,7 @@ func testForgedOrder(t *testing.T, f *fixture, doc any) {
 	workertest.WaitIdle(t, js, r.ConsumerName())
 	assertNoDeadLetters(t, js, "box-o")
 	assertRefused(t, h, ack, "box-o", "[kept-invitation]", "the newest accepted invitation of box box-o", "the guard was not armed")
-	recovery := "nats kv del " + workers.CheckpointBucket + " st.join.box-o.invitation"
+	recovery := "nats kv del " + events.CheckpointBucket + " st.join.box-o.invitation"
 	if refused[0]["rule"] != "kept-invitation" || !strings.Contains(refused[0]["reason"], recovery) {
 		t.Fatalf("refused outcome %v, want rule kept-invitation naming %q", refused[0], recovery)
 	}
@@ -229,7 +228,7 @@ func testForgedOrder(t *testing.T, f *fixture, doc any) {
 
 	// The recovery the refusal names: that key, deleted; the invitation,
 	// published again.
-	kv, err := js.KeyValue(context.Background(), workers.CheckpointBucket)
+	kv, err := js.KeyValue(context.Background(), events.CheckpointBucket)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,7 +43,7 @@ import (
 //     runtime's superseded outcome, and never reaches the handler;
 //   - outcomes: the same ids, types, sources and subjects as the runtime's,
 //     dead letters in the runtime's format (events.DeadLetter), and State
-//     with revisions and workers.ErrConflict (workers.NewMemoryState).
+//     with revisions and events.ErrConflict (workers.NewMemoryState).
 //
 // What it does not model: crashes and redeliveries (use Redelivered to run
 // an event as a redelivery that finds a saved stage), the backoff and the
@@ -150,7 +150,7 @@ func Redelivered(stage any) WorkOption {
 
 // SaveStageFails makes every SaveStage fail with err, as when the
 // checkpoint bucket is down or another process moved the key on (wrap
-// workers.ErrConflict for that).
+// events.ErrConflict for that).
 func SaveStageFails(err error) WorkOption { return func(w *work) { w.saveErr = err } }
 
 // EmitFails makes emitting the outcome named outcome fail with err, as when

@@ -40,6 +40,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/ops"
 	"github.com/steward-dev/steward/internal/streamread"
 	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers"
@@ -236,7 +237,7 @@ func waitUntil(t testing.TB, what func() string, cond func() bool) {
 
 // WaitIdle waits until the worker instance whose consumer name is
 // consumer ("<worker>-<instance>") has settled every event stored for its
-// subjects (workers.Settled: acknowledged through its durable consumer, or
+// subjects (ops.Settled: acknowledged through its durable consumer, or
 // its stream cursor past the last event when it reads the stream). Events
 // published before the call are covered even when they were not delivered
 // yet.
@@ -247,7 +248,7 @@ func WaitIdle(t testing.TB, js jetstream.JetStream, consumer string) {
 	waitUntil(t, func() string { return consumer + " is idle (" + state + ")" }, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		idle, s, err := workers.Settled(ctx, js, worker, instance)
+		idle, s, err := ops.Settled(ctx, js, worker, instance)
 		if state = s; err != nil {
 			state = err.Error()
 		}

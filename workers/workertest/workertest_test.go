@@ -282,9 +282,9 @@ func TestRedeliveredFindsTheStageAndSaveStageCanFail(t *testing.T) {
 	if found["step"] != 1 {
 		t.Fatalf("LoadStage found %v", found)
 	}
-	res = workertest.Work(t, s, h, rotation(t, 1, "c1"), workertest.Redelivered(nil), workertest.SaveStageFails(workers.ErrConflict))
+	res = workertest.Work(t, s, h, rotation(t, 1, "c1"), workertest.Redelivered(nil), workertest.SaveStageFails(events.ErrConflict))
 	res.AssertVerdicts(workertest.Retried)
-	if !errors.Is(res.Err(), workers.ErrConflict) {
+	if !errors.Is(res.Err(), events.ErrConflict) {
 		t.Fatalf("error %v", res.Err())
 	}
 }
@@ -300,10 +300,10 @@ func TestMemoryStateConflictsAsTheBucketDoes(t *testing.T) {
 	if err != nil || rev == 0 {
 		t.Fatalf("create: %d %v", rev, err)
 	}
-	if _, err := st.Put(ctx, "current", current{2}, 0); !errors.Is(err, workers.ErrConflict) {
+	if _, err := st.Put(ctx, "current", current{2}, 0); !errors.Is(err, events.ErrConflict) {
 		t.Fatalf("create over an existing document: %v", err)
 	}
-	if _, err := st.Put(ctx, "current", current{2}, rev+7); !errors.Is(err, workers.ErrConflict) {
+	if _, err := st.Put(ctx, "current", current{2}, rev+7); !errors.Is(err, events.ErrConflict) {
 		t.Fatalf("put over a stale revision: %v", err)
 	}
 	other, err := st.Put(ctx, "other", current{9}, 0)

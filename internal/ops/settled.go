@@ -1,4 +1,4 @@
-package workers
+package ops
 
 import (
 	"context"
@@ -16,13 +16,13 @@ import (
 // consumer (acknowledged up to the last such event, nothing pending or
 // unacknowledged), or from the stream (its cursor at or past the last
 // event of every subject). The string says what was found. Tests wait on
-// it; operators' tools report it.
+// it (workertest.WaitIdle).
 func Settled(ctx context.Context, js jetstream.JetStream, worker, instance string) (bool, string, error) {
 	stream, err := js.Stream(ctx, events.StreamEvents)
 	if err != nil {
 		return false, "", err
 	}
-	name := worker + "-" + instance
+	name := ConsumerName(worker, instance)
 	c, err := stream.Consumer(ctx, name)
 	if err == nil {
 		return consumerSettled(ctx, stream, c)
