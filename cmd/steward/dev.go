@@ -24,6 +24,7 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/atomicfile"
+	"github.com/steward-dev/steward/internal/gateway"
 	"github.com/steward-dev/steward/internal/natsauth"
 	"github.com/steward-dev/steward/internal/pgserver"
 	"github.com/steward-dev/steward/internal/signing"
@@ -225,17 +226,21 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, o 
 	if err != nil {
 		return err
 	}
-	in, err := newIngress(g.as(publisherCreds), pubNC, pubJS, reg, ingressOptions{token: token, tokensDir: tokensDir, signer: signer}, ready)
+	cfg, err := gatewayConfig(g.as(publisherCreds), pubNC, pubJS, reg, ingressOptions{token: token, tokensDir: tokensDir, signer: signer}, ready)
 	if err != nil {
 		return err
 	}
-	mux := in.mux
 	// The console reads what operators read, so it uses the operator's
 	// connection; the ingress stays a publisher.
-	if err := mountConsole(mux, opG, js, token, in); err != nil {
+	cfg.ConsoleJS = js
+	if cfg.ConsoleDocs, err = opG.documents(ctx, js); err != nil {
+		opG.log.Warn().Err(err).Msg("the console cannot read the checkpoint bucket with these credentials; status documents are not shown verified, and stream readers cannot be paused from it")
+	}
+	gw, err := gateway.New(cfg)
+	if err != nil {
 		return err
 	}
-	bound, stopHTTP, err := serveHTTP(ctx, g.log, o.httpListen, mux)
+	bound, stopHTTP, err := serveHTTP(ctx, g.log, o.httpListen, gw)
 	if err != nil {
 		return fmt.Errorf("--http-listen: %w", err)
 	}

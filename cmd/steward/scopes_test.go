@@ -19,6 +19,7 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/agekey"
+	"github.com/steward-dev/steward/internal/gateway"
 	"github.com/steward-dev/steward/internal/signing"
 	"github.com/steward-dev/steward/internal/tokens"
 	"github.com/steward-dev/steward/publisher"
@@ -60,14 +61,15 @@ func newScopeRig(t *testing.T) *scopeRig {
 		t.Fatal(err)
 	}
 	g := &globals{documentTrust: r.opTrust, log: zerolog.Nop()}
-	in, err := newIngress(g, r.js.Conn(), r.js, newRegistry(), ingressOptions{token: r.legacy, tokensDir: r.tokensDir, signer: signer}, func() error { return nil })
+	cfg, err := gatewayConfig(g, r.js.Conn(), r.js, newRegistry(), ingressOptions{token: r.legacy, tokensDir: r.tokensDir, signer: signer}, func() error { return nil })
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := mountConsole(in.mux, g, r.js, r.legacy, in); err != nil {
+	gw, err := gateway.New(cfg)
+	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewServer(in.mux)
+	ts := httptest.NewServer(gw)
 	t.Cleanup(ts.Close)
 	r.url = ts.URL
 	return r
