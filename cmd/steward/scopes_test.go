@@ -19,7 +19,6 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/agekey"
-	"github.com/steward-dev/steward/internal/gateway"
 	"github.com/steward-dev/steward/internal/signing"
 	"github.com/steward-dev/steward/internal/tokens"
 	"github.com/steward-dev/steward/publisher"
@@ -61,11 +60,7 @@ func newScopeRig(t *testing.T) *scopeRig {
 		t.Fatal(err)
 	}
 	g := &globals{documentTrust: r.opTrust, log: zerolog.Nop()}
-	cfg, err := gatewayConfig(g, r.js.Conn(), r.js, newRegistry(), ingressOptions{token: r.legacy, tokensDir: r.tokensDir, signer: signer}, func() error { return nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw, err := gateway.New(cfg)
+	gw, err := newGateway(g, r.js.Conn(), r.js, newRegistry(), ingressOptions{token: r.legacy, tokensDir: r.tokensDir, signer: signer}, func() error { return nil })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -85,11 +85,7 @@ invitation.written and hostfloor.published: it never has anything signed.`,
 				g.log.Warn().Err(err).Msg("the streams could not be checked with these credentials; publishing needs them to exist (steward setup)")
 			}
 			reg := newRegistry()
-			cfg, err := gatewayConfig(g, nc, js, reg, ingressOptions{token: tok, tokensDir: tokensDir, maxBody: maxBody, signer: signer, controllerKeys: controllerKey}, natsReady(nc))
-			if err != nil {
-				return err
-			}
-			gw, err := gateway.New(cfg)
+			gw, err := newGateway(g, nc, js, reg, ingressOptions{token: tok, tokensDir: tokensDir, maxBody: maxBody, signer: signer, controllerKeys: controllerKey}, natsReady(nc))
 			if err != nil {
 				return err
 			}
@@ -150,23 +146,23 @@ type ingressOptions struct {
 	controllerKeys string
 }
 
-// gatewayConfig configures the ingress, its signing gate and the console
-// (the gateway) as g: nc and js are the ingress's connection (a
-// publisher's), and the console's too, whose credentials must then allow
-// what it reads (an operator's).
-func gatewayConfig(g *globals, nc *nats.Conn, js jetstream.JetStream, reg *prometheus.Registry, o ingressOptions, ready func() error) (gateway.Config, error) {
+// newGateway configures the ingress, its signing gate and the console (the
+// gateway) as g: nc and js are the ingress's connection (a publisher's),
+// and the console's too, whose credentials must then allow what it reads
+// (an operator's).
+func newGateway(g *globals, nc *nats.Conn, js jetstream.JetStream, reg *prometheus.Registry, o ingressOptions, ready func() error) (*gateway.Gateway, error) {
 	// The ingress's own identity signs its audit events, and believes
 	// token documents the operator signed (certified by its credentials'
 	// account, or pinned with --document-trust).
 	audit, verifier, err := g.documentKeys(g.credsName())
 	if err != nil {
-		return gateway.Config{}, err
+		return nil, err
 	}
 	cfg := gateway.Config{Token: o.token, TokensDir: o.tokensDir, Verifier: verifier, MaxBody: o.maxBody, Signer: o.signer,
 		NC: nc, JS: js, Audit: audit, Domain: g.jsDomain, ConsoleJS: js, Registry: reg, Ready: ready, Log: g.log}
 	if o.signer != nil && o.controllerKeys != "" {
 		if cfg.Controller, err = signing.LoadEnvelopeKeys(o.controllerKeys); err != nil {
-			return gateway.Config{}, fmt.Errorf("--controller-key: %w", err)
+			return nil, fmt.Errorf("--controller-key: %w", err)
 		}
 	}
 	if g.credsName() != string(natsauth.RolePublisher) {
@@ -178,7 +174,7 @@ func gatewayConfig(g *globals, nc *nats.Conn, js jetstream.JetStream, reg *prome
 		// they can, and documents unverified.
 		g.log.Warn().Err(err).Msg("the console cannot read the checkpoint bucket with these credentials; status documents are not shown verified, and stream readers cannot be paused from it")
 	}
-	return cfg, nil
+	return gateway.New(cfg)
 }
 
 // readToken takes the unscoped token from --token or --token-file, never
