@@ -3,8 +3,6 @@ package publisher
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
@@ -97,26 +95,22 @@ var (
 // (application/cloudevents-batch+json), checks them with the same
 // validation as Publish, and publishes them.
 type Ingress struct {
-	pub       *Publisher
-	legacy    bool
-	tokenHash [sha256.Size]byte
-	tokens    Tokens
-	sign      SignHook
-	maxBody   int64
-	log       zerolog.Logger
+	pub     *Publisher
+	check   *TokenCheck
+	sign    SignHook
+	maxBody int64
+	log     zerolog.Logger
 }
 
 // NewIngress returns the ingress publishing through p.
 func NewIngress(p *Publisher, cfg IngressConfig) (*Ingress, error) {
-	legacy := strings.TrimSpace(cfg.Token) != ""
-	if !legacy && cfg.Tokens == nil {
+	if strings.TrimSpace(cfg.Token) == "" && cfg.Tokens == nil {
 		return nil, errors.New("the ingress has no token: give --token-file or --tokens-dir, since an open ingress would let anyone publish")
 	}
 	if cfg.MaxBody <= 0 {
 		cfg.MaxBody = DefaultMaxBody
 	}
-	return &Ingress{pub: p, legacy: legacy, tokenHash: sha256.Sum256([]byte(strings.TrimSpace(cfg.Token))), tokens: cfg.Tokens,
-		sign: cfg.Sign, maxBody: cfg.MaxBody, log: cfg.Log}, nil
+	return &Ingress{pub: p, check: NewTokenCheck(cfg.Token, cfg.Tokens), sign: cfg.Sign, maxBody: cfg.MaxBody, log: cfg.Log}, nil
 }
 
 // IngressResponse is the JSON body of every ingress response: the stored
@@ -228,20 +222,9 @@ func (in *Ingress) authorize(r *http.Request) (caller Caller, challenge, reason 
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return Caller{}, realm + `, error="invalid_request"`, "the Authorization header is not a bearer token: send Authorization: Bearer <token>"
 	}
-	token = strings.TrimSpace(token)
-	// Hashing first makes the comparison constant-time in the length too.
-	got := sha256.Sum256([]byte(token))
-	legacy := subtle.ConstantTimeCompare(got[:], in.tokenHash[:]) == 1 && in.legacy
-	if in.tokens != nil {
-		// Asked whatever the legacy comparison found, so the time taken
-		// does not tell which kind of token matched.
-		if c, ok := in.tokens.Authenticate(token); ok && !legacy {
-			c.Via = "ingress"
-			return c, "", ""
-		}
-	}
-	if legacy {
-		return Caller{Token: LegacyToken, Via: "ingress"}, "", ""
+	if c, ok := in.check.Authenticate(token); ok {
+		c.Via = "ingress"
+		return c, "", ""
 	}
 	return Caller{}, realm + `, error="invalid_token"`, "the bearer token is not one this ingress accepts (the ingress token, or a scoped token not revoked or expired): ask the operator for one (steward token issue)"
 }

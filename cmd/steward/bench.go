@@ -58,6 +58,6 @@ within one run only: the machine is shared and absolute figures drift.`,
 	fs.IntVar(&o.Rate, "rate", 0, "publish at this many events per second instead of one burst")
 	fs.IntVar(&o.Rounds, "rounds", 3, "how many times each path is measured; the report gives the medians")
 	fs.DurationVar(&o.Timeout, "timeout", 5*time.Minute, "give up on a path after this long")
-	cmd.AddCommand(newBenchFleetCmd(g))
+	cmd.AddCommand(newBenchFleetCmd(g), newBenchFleetServerCmd())
 	return cmd
 }

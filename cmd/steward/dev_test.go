@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/devstack"
 	"github.com/steward-dev/steward/internal/natsauth"
 	"github.com/steward-dev/steward/internal/pgserver"
 	"github.com/steward-dev/steward/publisher"
@@ -167,14 +168,14 @@ func TestDev(t *testing.T) {
 	// Events come from a publisher's identity, as from a console.
 	nc, _ := connectCreds(t, d.natsURL, d.publisherCreds)
 
-	raw, err := os.ReadFile(filepath.Join(dir, tokenFile))
+	raw, err := os.ReadFile(filepath.Join(dir, devstack.TokenFile))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if strings.TrimSpace(string(raw)) != d.token || len(d.token) < 32 {
 		t.Fatalf("token file holds %q, dev printed %q", raw, d.token)
 	}
-	if fi, _ := os.Stat(filepath.Join(dir, tokenFile)); fi.Mode().Perm() != 0o600 {
+	if fi, _ := os.Stat(filepath.Join(dir, devstack.TokenFile)); fi.Mode().Perm() != 0o600 {
 		t.Fatalf("token file mode %v, want 0600", fi.Mode().Perm())
 	}
 
@@ -773,14 +774,14 @@ func TestDevAuth(t *testing.T) {
 	if want := fmt.Sprintf("  nats --server %s --creds %s stream ls", d.natsURL, d.operatorCreds); !strings.HasPrefix(cli, want) {
 		t.Fatalf("nats CLI line %q, want %q", cli, want)
 	}
-	workerCreds := filepath.Join(dir, devCredsDir, converge.Name+"-"+converge.DevInstall+".creds")
-	for _, f := range []string{d.operatorCreds, d.publisherCreds, workerCreds, filepath.Join(dir, devAuthDir, natsauth.SigningSeedFile)} {
+	workerCreds := filepath.Join(dir, devstack.CredsDir, converge.Name+"-"+converge.DevInstall+".creds")
+	for _, f := range []string{d.operatorCreds, d.publisherCreds, workerCreds, filepath.Join(dir, devstack.AuthDir, natsauth.SigningSeedFile)} {
 		if fi, err := os.Stat(f); err != nil || fi.Mode().Perm() != 0o600 {
 			t.Fatalf("%s: %v (%v); want a 0600 file", f, fi, err)
 		}
 	}
 	for _, f := range []string{natsauth.OperatorSeedFile, natsauth.AccountSeedFile, natsauth.SigningSeedFile, natsauth.SystemSeedFile} {
-		seed, err := os.ReadFile(filepath.Join(dir, devAuthDir, f))
+		seed, err := os.ReadFile(filepath.Join(dir, devstack.AuthDir, f))
 		if err != nil || len(seed) < 50 {
 			t.Fatalf("%s: %v", f, err)
 		}
@@ -811,7 +812,7 @@ func TestDevAuth(t *testing.T) {
 	// alone; dev's server trusts them as they are.
 	issued := filepath.Join(t.TempDir(), "converge-install-7.creds")
 	r = ok(t, nil, "creds", "issue", converge.Name, "install-7",
-		"--account-seed", filepath.Join(dir, devAuthDir, natsauth.SigningSeedFile), "--out", issued)
+		"--account-seed", filepath.Join(dir, devstack.AuthDir, natsauth.SigningSeedFile), "--out", issued)
 	if !strings.Contains(r.stdout, issued) || strings.Contains(r.stdout+r.stderr, "SU") {
 		t.Fatalf("creds issue printed %q %q", r.stdout, r.stderr)
 	}
@@ -833,8 +834,8 @@ func TestDevAuth(t *testing.T) {
 	}
 
 	for _, bad := range [][]string{
-		{"creds", "issue", "nosuchworker", "x", "--account-seed", filepath.Join(dir, devAuthDir, natsauth.SigningSeedFile)},
-		{"creds", "issue", converge.Name, "a.b", "--account-seed", filepath.Join(dir, devAuthDir, natsauth.SigningSeedFile)},
+		{"creds", "issue", "nosuchworker", "x", "--account-seed", filepath.Join(dir, devstack.AuthDir, natsauth.SigningSeedFile)},
+		{"creds", "issue", converge.Name, "a.b", "--account-seed", filepath.Join(dir, devstack.AuthDir, natsauth.SigningSeedFile)},
 		{"creds", "issue", "publisher"},
 	} {
 		if r := run(t, nil, bad...); r.code == 0 {

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -23,11 +25,17 @@ outcome). Instances share --conns connections; real hosts each have their own.
 It prints the time until all are consuming, the servers' resident memory per
 instance, their idle CPU over --idle, and for a burst of one event per
 instance the time until all are settled with the p50 and p99 of publish to
-settled. nats-server is built from the module Steward requires (run from the
-checkout) unless --nats-server names a binary. Compare figures within one
-machine: a shared machine's figures drift.`,
+settled. Each nats-server is this binary's own embedded server (the version
+Steward's module requires), run in a process of its own, unless --nats-server
+names a binary. Compare figures within one machine: a shared machine's
+figures drift.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			exe, err := os.Executable()
+			if err != nil {
+				return fmt.Errorf("bench fleet: this binary, to run its embedded nats-server: %w", err)
+			}
+			o.ServerCommand = []string{exe, "bench", fleetServerCmd}
 			o.Progress = func(format string, args ...any) {
 				fmt.Fprintf(cmd.ErrOrStderr(), "  "+format+"\n", args...)
 			}
@@ -46,7 +54,31 @@ machine: a shared machine's figures drift.`,
 	fs.IntVar(&o.Parallel, "parallel", 64, "instances starting at once")
 	fs.DurationVar(&o.Idle, "idle", 10*time.Second, "how long the idle servers' CPU is measured")
 	fs.DurationVar(&o.Timeout, "timeout", 5*time.Minute, "give up on a phase after this long")
-	fs.StringVar(&o.ServerBin, "nats-server", "", "a nats-server binary to run (empty: build it from the module)")
+	fs.StringVar(&o.ServerBin, "nats-server", "", "a nats-server binary to run (empty: this binary's embedded nats-server)")
 	fs.Var(readModeFlag{&o.ReadMode}, "read-mode", "how the instances read their events: consumer (a durable consumer each) or stream (from the stream, no consumer)")
+	return cmd
+}
+
+// fleetServerCmd is the hidden command bench fleet starts its servers with.
+const fleetServerCmd = "fleet-server"
+
+// newBenchFleetServerCmd runs the embedded nats-server from a config file,
+// as nats-server -c does: bench fleet starts this binary again with it for
+// each of its servers, so each has a process of its own.
+func newBenchFleetServerCmd() *cobra.Command {
+	var conf string
+	cmd := &cobra.Command{
+		Use:    fleetServerCmd,
+		Short:  "Run the embedded nats-server from a config file (bench fleet's servers)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if conf == "" {
+				return errors.New("--config (-c) is required: the nats-server config file to run")
+			}
+			return fleet.RunServer(cmd.Context(), conf)
+		},
+	}
+	cmd.Flags().StringVarP(&conf, "config", "c", "", "the nats-server config file")
 	return cmd
 }

@@ -60,14 +60,11 @@ func newScopeRig(t *testing.T) *scopeRig {
 		t.Fatal(err)
 	}
 	g := &globals{documentTrust: r.opTrust, log: zerolog.Nop()}
-	in, err := newIngress(g, r.js.Conn(), r.js, newRegistry(), ingressOptions{token: r.legacy, tokensDir: r.tokensDir, signer: signer}, func() error { return nil })
+	gw, err := newGateway(g, r.js.Conn(), r.js, newRegistry(), ingressOptions{token: r.legacy, tokensDir: r.tokensDir, signer: signer}, func() error { return nil })
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := mountConsole(in.mux, g, r.js, r.legacy, in); err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(in.mux)
+	ts := httptest.NewServer(gw)
 	t.Cleanup(ts.Close)
 	r.url = ts.URL
 	return r

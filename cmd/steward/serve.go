@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -15,9 +14,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/gateway"
+	"github.com/steward-dev/steward/internal/natsauth"
 	"github.com/steward-dev/steward/internal/ops"
 	"github.com/steward-dev/steward/internal/signing"
-	"github.com/steward-dev/steward/internal/tokens"
 	"github.com/steward-dev/steward/publisher"
 )
 
@@ -85,17 +85,11 @@ invitation.written and hostfloor.published: it never has anything signed.`,
 				g.log.Warn().Err(err).Msg("the streams could not be checked with these credentials; publishing needs them to exist (steward setup)")
 			}
 			reg := newRegistry()
-			in, err := newIngress(g, nc, js, reg, ingressOptions{token: tok, tokensDir: tokensDir, maxBody: maxBody, signer: signer, controllerKeys: controllerKey}, natsReady(nc))
+			gw, err := newGateway(g, nc, js, reg, ingressOptions{token: tok, tokensDir: tokensDir, maxBody: maxBody, signer: signer, controllerKeys: controllerKey}, natsReady(nc))
 			if err != nil {
 				return err
 			}
-			mux := in.mux
-			// The console reads status, history and dead letters: its
-			// credentials must allow that (an operator's).
-			if err := mountConsole(mux, g, js, tok, in); err != nil {
-				return err
-			}
-			srv, err := publisher.NewServer(listen, mux, hc)
+			srv, err := publisher.NewServer(listen, gw, hc)
 			if err != nil {
 				return fmt.Errorf("--listen: %w", err)
 			}
@@ -142,37 +136,21 @@ invitation.written and hostfloor.published: it never has anything signed.`,
 
 // ingressOptions are who the ingress accepts and what it may sign.
 type ingressOptions struct {
-	// token is the one unscoped token (--token-file): it publishes only
-	// types the controller never signs (tokens.UnsignedTypes).
-	token string
-	// tokensDir holds the scoped tokens' documents (--tokens-dir).
-	tokensDir string
-	maxBody   int64
+	// token is the one unscoped token (--token-file); tokensDir holds the
+	// scoped tokens' documents (--tokens-dir).
+	token, tokensDir string
+	maxBody          int64
 	// signer is the controller key (--signing-key); controllerKeys verify
 	// the newest event stored on a key (default: the signer's public key).
 	signer         *signing.EventSigner
 	controllerKeys string
 }
 
-// ingress is what serve and dev build from ingressOptions: the mux with
-// the ingress on /events, metrics and health beside it, and the gate and
-// tokens the console shares with it.
-type ingress struct {
-	mux    *http.ServeMux
-	gate   *tokens.Gate
-	tokens publisher.Tokens
-}
-
-// newIngress builds the ingress with its signing hook (tokens.Gate), so
-// that the ingress and the console (mountConsole) decide alike for every
-// caller. nc is the ingress's connection (a publisher's): it publishes,
-// reads the newest event of a key and writes the audit events.
-func newIngress(g *globals, nc *nats.Conn, js jetstream.JetStream, reg *prometheus.Registry, o ingressOptions, ready func() error) (*ingress, error) {
-	if o.maxBody <= 0 {
-		o.maxBody = publisher.DefaultMaxBody
-	}
-	log := g.log.With().Str("component", "ingress").Logger()
-	out := &ingress{}
+// newGateway configures the ingress, its signing gate and the console (the
+// gateway) as g: nc and js are the ingress's connection (a publisher's),
+// and the console's too, whose credentials must then allow what it reads
+// (an operator's).
+func newGateway(g *globals, nc *nats.Conn, js jetstream.JetStream, reg *prometheus.Registry, o ingressOptions, ready func() error) (*gateway.Gateway, error) {
 	// The ingress's own identity signs its audit events, and believes
 	// token documents the operator signed (certified by its credentials'
 	// account, or pinned with --document-trust).
@@ -180,41 +158,23 @@ func newIngress(g *globals, nc *nats.Conn, js jetstream.JetStream, reg *promethe
 	if err != nil {
 		return nil, err
 	}
-	var dir *tokens.Dir
-	if o.tokensDir != "" {
-		if dir, err = tokens.OpenDir(o.tokensDir, verifier); err != nil {
-			return nil, fmt.Errorf("--tokens-dir: %w", err)
-		}
-		out.tokens = dir
-	}
-	gc := tokens.GateConfig{Tokens: dir, Signer: o.signer, NC: nc, Audit: audit, Log: log}
-	if g.jsDomain != "" {
-		gc.APIPrefix = "$JS." + g.jsDomain + ".API"
-	}
-	if o.signer != nil {
-		if o.controllerKeys != "" {
-			gc.Controller, err = signing.LoadEnvelopeKeys(o.controllerKeys)
-		} else {
-			gc.Controller, err = signing.NewKeySet(o.signer.Public())
-		}
-		if err != nil {
+	cfg := gateway.Config{Token: o.token, TokensDir: o.tokensDir, Verifier: verifier, MaxBody: o.maxBody, Signer: o.signer,
+		NC: nc, JS: js, Audit: audit, Domain: g.jsDomain, ConsoleJS: js, Registry: reg, Ready: ready, Log: g.log}
+	if o.signer != nil && o.controllerKeys != "" {
+		if cfg.Controller, err = signing.LoadEnvelopeKeys(o.controllerKeys); err != nil {
 			return nil, fmt.Errorf("--controller-key: %w", err)
 		}
 	}
-	if out.gate, err = tokens.NewGate(gc); err != nil {
-		return nil, err
+	if g.credsName() != string(natsauth.RolePublisher) {
+		cfg.ConsoleDocs, err = g.documents(context.Background(), js)
 	}
-	cfg := publisher.IngressConfig{Token: o.token, Sign: out.gate.Hook(), MaxBody: o.maxBody, Log: log}
-	if out.tokens != nil {
-		cfg.Tokens = out.tokens
-	}
-	in, err := publisher.NewIngress(publisher.New(js, publisher.WithRegisterer(reg)), cfg)
 	if err != nil {
-		return nil, err
+		// An identity that may not read the bucket (the ingress is a
+		// publisher) still serves the console; its pages then show what
+		// they can, and documents unverified.
+		g.log.Warn().Err(err).Msg("the console cannot read the checkpoint bucket with these credentials; status documents are not shown verified, and stream readers cannot be paused from it")
 	}
-	out.mux = ops.NewServeMux(reg, ready)
-	out.mux.Handle(publisher.IngressPath, in)
-	return out, nil
+	return gateway.New(cfg)
 }
 
 // readToken takes the unscoped token from --token or --token-file, never

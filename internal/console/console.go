@@ -18,7 +18,6 @@ package console
 
 import (
 	"context"
-	"crypto/sha256"
 	"embed"
 	"errors"
 	"html/template"
@@ -112,15 +111,14 @@ type Config struct {
 
 // Console serves the web console. Mount it with Mount.
 type Console struct {
-	cfg       Config
-	hasToken  bool
-	tokenHash [sha256.Size]byte
-	sessions  *sessions
-	pages     map[string]*template.Template
-	static    http.Handler
-	mux       *http.ServeMux
-	cop       *http.CrossOriginProtection
-	logins    *loginLimiter
+	cfg      Config
+	tokens   *publisher.TokenCheck
+	sessions *sessions
+	pages    map[string]*template.Template
+	static   http.Handler
+	mux      *http.ServeMux
+	cop      *http.CrossOriginProtection
+	logins   *loginLimiter
 }
 
 // New checks cfg and returns the console.
@@ -148,14 +146,13 @@ func New(cfg Config) (*Console, error) {
 		return nil, err
 	}
 	c := &Console{
-		cfg:       cfg,
-		hasToken:  strings.TrimSpace(cfg.Token) != "",
-		tokenHash: sha256.Sum256([]byte(strings.TrimSpace(cfg.Token))),
-		sessions:  newSessions(cfg.SessionTTL, cfg.Now),
-		pages:     pages,
-		static:    http.StripPrefix("/static/", http.FileServerFS(sub)),
-		cop:       http.NewCrossOriginProtection(),
-		logins:    newLoginLimiter(cfg.Now),
+		cfg:      cfg,
+		tokens:   publisher.NewTokenCheck(cfg.Token, cfg.Tokens),
+		sessions: newSessions(cfg.SessionTTL, cfg.Now),
+		pages:    pages,
+		static:   http.StripPrefix("/static/", http.FileServerFS(sub)),
+		cop:      http.NewCrossOriginProtection(),
+		logins:   newLoginLimiter(cfg.Now),
 	}
 	c.routes()
 	return c, nil

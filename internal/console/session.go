@@ -110,23 +110,14 @@ func (c *Console) setCookie(w http.ResponseWriter, r *http.Request, value string
 	})
 }
 
-// authenticate compares a login attempt with the ingress token in
-// constant time (hashing first makes it constant in the length too), and
-// asks the scoped tokens whatever that found, so the time taken does not
-// tell which kind matched.
+// authenticate checks a login attempt with the ingress's own token check,
+// so a login is exactly a token the ingress takes.
 func (c *Console) authenticate(token string) (publisher.Caller, bool) {
-	got := sha256.Sum256([]byte(strings.TrimSpace(token)))
-	legacy := c.hasToken && subtle.ConstantTimeCompare(got[:], c.tokenHash[:]) == 1
-	if c.cfg.Tokens != nil {
-		if caller, ok := c.cfg.Tokens.Authenticate(token); ok && !legacy {
-			caller.Via = "console"
-			return caller, true
-		}
+	caller, ok := c.tokens.Authenticate(token)
+	if ok {
+		caller.Via = "console"
 	}
-	if legacy {
-		return publisher.Caller{Token: publisher.LegacyToken, Via: "console"}, true
-	}
-	return publisher.Caller{}, false
+	return caller, ok
 }
 
 // authed wraps a handler that needs a login. A page asked for without one

@@ -42,8 +42,12 @@ type Options struct {
 	Idle time.Duration
 	// Timeout bounds each phase. Zero: 5 minutes.
 	Timeout time.Duration
-	// ServerBin is a nats-server binary; empty builds one (BuildServer).
+	// ServerBin is a nats-server binary to run; empty runs ServerCommand.
 	ServerBin string
+	// ServerCommand runs the embedded nats-server (RunServer) in a process
+	// of its own, given "-c <config>" after it: the bench's binary started
+	// again with its hidden command (steward bench fleet-server).
+	ServerCommand []string
 	// ReadMode is how the instances read their events (the runtime's
 	// WithReadMode): through a consumer each, or from the stream.
 	ReadMode workers.ReadMode
@@ -60,8 +64,8 @@ type Result struct {
 	Conns     int
 	// ServersUp is how long the servers took to start and form.
 	ServersUp time.Duration
-	// AllConsuming is from the bench's start (servers included, the build
-	// of nats-server not) until every instance was consuming.
+	// AllConsuming is from the bench's start (the servers' start included)
+	// until every instance was consuming.
 	AllConsuming time.Duration
 	// Starting is from the first instance's start until the last was
 	// consuming.
@@ -141,7 +145,7 @@ func Spec(i int) workers.Spec {
 	}
 }
 
-// Run builds (or takes) nats-server, starts it, starts the instances,
+// Run starts nats-server in processes of their own, starts the instances,
 // measures them idle, publishes one event per instance and waits until each
 // is settled.
 func Run(ctx context.Context, o Options) (Result, error) {
@@ -154,12 +158,9 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		return Result{}, err
 	}
 	defer os.RemoveAll(dir)
-	bin := o.ServerBin
-	if bin == "" {
-		o.Progress("building nats-server")
-		if bin, err = BuildServer(ctx, dir); err != nil {
-			return Result{}, err
-		}
+	command := o.ServerCommand
+	if o.ServerBin != "" {
+		command = []string{o.ServerBin}
 	}
 
 	res := Result{Instances: o.Instances, Conns: o.Conns, Idle: o.Idle, ReadMode: o.ReadMode}
@@ -169,7 +170,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		nodes, replicas = 3, 3
 	}
 	o.Progress("starting %d nats-server process(es)", nodes)
-	srv, err := StartServers(ctx, bin, dir, nodes)
+	srv, err := StartServers(ctx, command, dir, nodes)
 	if err != nil {
 		return res, err
 	}

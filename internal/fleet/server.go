@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -14,27 +15,36 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// BuildServer builds nats-server from the module Steward requires into dir
-// and returns its path. It runs `go build` in the module's root, so the
-// server is exactly the version the tests embed; outside a checkout, pass
-// a binary instead (Options.ServerBin).
-func BuildServer(ctx context.Context, dir string) (string, error) {
-	root, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
-	gomod := strings.TrimSpace(string(root))
-	if err != nil || gomod == "" || gomod == os.DevNull {
-		return "", errors.New("building nats-server needs Steward's checkout as the working folder (go env GOMOD found none); run from the checkout or pass --nats-server")
+// RunServer runs the nats-server embedded in this binary (the version
+// Steward's module requires, the one the tests embed) from the config file
+// conf, as `nats-server -c conf` would, until ctx ends. It is what a
+// Node's process runs when no nats-server binary is given: the bench's
+// binary starts itself again with a command that calls RunServer
+// (Options.ServerCommand), so the server's memory and CPU are its own and
+// nothing is built at run time.
+func RunServer(ctx context.Context, conf string) error {
+	fs := flag.NewFlagSet("nats-server", flag.ContinueOnError)
+	opts, err := server.ConfigureOptions(fs, []string{"-c", conf}, server.PrintServerAndExit, fs.Usage, server.PrintTLSHelpAndDie)
+	if err != nil {
+		return fmt.Errorf("nats-server config %s: %w", conf, err)
 	}
-	out := filepath.Join(dir, "nats-server")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "github.com/nats-io/nats-server/v2")
-	cmd.Dir = filepath.Dir(gomod)
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build nats-server: %v\n%s", err, msg)
+	// ctx ends it (the command's SIGINT and SIGTERM); a Node kills it.
+	opts.NoSigs = true
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return fmt.Errorf("nats-server: %w", err)
 	}
-	return out, nil
+	s.ConfigureLogger()
+	s.Start()
+	<-ctx.Done()
+	s.Shutdown()
+	s.WaitForShutdown()
+	return nil
 }
 
 // Node is one nats-server process with JetStream and its own store.
@@ -43,10 +53,11 @@ type Node struct {
 	Port        int
 	clusterPort int
 	conf        string
-	bin         string
-	cmd         *exec.Cmd
-	log         *bytes.Buffer
-	exited      chan struct{}
+	// command runs nats-server, given "-c <conf>" after it.
+	command []string
+	cmd     *exec.Cmd
+	log     *bytes.Buffer
+	exited  chan struct{}
 }
 
 // Servers is one server, or a cluster of them, each in its own process so
@@ -66,9 +77,13 @@ func freePort() (int, error) {
 }
 
 // StartServers starts n servers (one, or a cluster of n with routes to each
-// other) from bin, their stores and config under dir, and waits until
-// JetStream answers on every one.
-func StartServers(ctx context.Context, bin, dir string, n int) (*Servers, error) {
+// other), each a process of command with "-c <config>" after it (a
+// nats-server binary, or Options.ServerCommand), their stores and config
+// under dir, and waits until JetStream answers on every one.
+func StartServers(ctx context.Context, command []string, dir string, n int) (*Servers, error) {
+	if len(command) == 0 {
+		return nil, errors.New("no command runs nats-server: give a nats-server binary (--nats-server) or the command that runs the embedded one")
+	}
 	s := &Servers{}
 	var routes []string
 	for i := range n {
@@ -76,7 +91,7 @@ func StartServers(ctx context.Context, bin, dir string, n int) (*Servers, error)
 		if err != nil {
 			return nil, err
 		}
-		node := &Node{Name: fmt.Sprintf("n%d", i+1), Port: p, bin: bin}
+		node := &Node{Name: fmt.Sprintf("n%d", i+1), Port: p, command: command}
 		if n > 1 {
 			if node.clusterPort, err = freePort(); err != nil {
 				return nil, err
@@ -112,7 +127,7 @@ func StartServers(ctx context.Context, bin, dir string, n int) (*Servers, error)
 // Start starts the node's process (again, after Kill).
 func (n *Node) Start() error {
 	n.log = &bytes.Buffer{}
-	n.cmd = exec.Command(n.bin, "-c", n.conf)
+	n.cmd = exec.Command(n.command[0], append(n.command[1:len(n.command):len(n.command)], "-c", n.conf)...)
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
 	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := n.cmd.Start(); err != nil {
