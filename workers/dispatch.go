@@ -178,7 +178,9 @@ func (w *Runtime) requeue(l *lane, h *held, err error) {
 		h.backoff = w.o.newBackoff()
 		h.firstFailure = now
 	}
-	h.attempts++
+	if h.attempts++; h.attempts == 1 {
+		w.statusChanged()
+	}
 	if err != nil {
 		h.lastError = redact.Line(err.Error())
 	}
@@ -239,6 +241,9 @@ func (w *Runtime) unhold(h *held) {
 	w.mu.Unlock()
 	if ok && cur == h {
 		w.m.inFlight.Dec()
+		if h.attempts > 0 {
+			w.statusChanged()
+		}
 	}
 }
 

@@ -76,6 +76,10 @@ type Runtime struct {
 
 	// lastStatus is the status document last written (without its time).
 	lastStatus []byte
+	// statusNow asks the heartbeats to write the status document at once:
+	// a key that was listed as retrying has settled, and status must not
+	// go on showing it for up to an interval.
+	statusNow chan struct{}
 	// forged is what the instance found forged in the bucket
 	// (documents.go); ephemeralKey says its document key lives only in
 	// this process.
@@ -160,13 +164,14 @@ func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts
 	w := &Runtime{
 		ephemeralKey: ephemeral,
 		js:           js, spec: spec, handler: h, o: o,
-		lanes:   map[string]*lane{},
-		held:    map[uint64]*held{},
-		cps:     newCPCache(cpCacheSize),
-		sem:     make(chan struct{}, o.concurrency),
-		runners: newRunners(),
-		stop:    make(chan struct{}),
-		m:       newMetrics(o.registerer).forInstance(spec.Name, spec.Instance),
+		lanes:     map[string]*lane{},
+		held:      map[uint64]*held{},
+		cps:       newCPCache(cpCacheSize),
+		sem:       make(chan struct{}, o.concurrency),
+		runners:   newRunners(),
+		stop:      make(chan struct{}),
+		statusNow: make(chan struct{}, 1),
+		m:         newMetrics(o.registerer).forInstance(spec.Name, spec.Instance),
 	}
 	w.log = o.logger.With().Str("worker", spec.Name).Str("instance", spec.Instance).Logger()
 	tp := o.tracerProvider
