@@ -205,8 +205,11 @@ func (b *runtimeBackend) Emit(ctx context.Context, e event.Event) error {
 	if err := events.SignMessage(msg, events.StreamOutcomes, w.o.domain, w.o.signer, events.OutcomeProofContent(e)); err != nil {
 		return err
 	}
-	_, err = w.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(events.StreamOutcomes))
-	return err
+	if _, err = w.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(events.StreamOutcomes)); err != nil {
+		return err
+	}
+	w.m.emitted(w.spec.OutcomeNoun, e.Type(), e.Data())
+	return nil
 }
 
 func (b *runtimeBackend) SaveStage(ctx context.Context, d *Delivery, stage json.RawMessage) error {
