@@ -128,6 +128,31 @@ func TestOpsStatusCommand(t *testing.T) {
 	}
 }
 
+// TestOpsStatusSaysWhyLettersWait: an instance with dead letters shows its
+// newest letter's reason in the table and the JSON (secret elided), so an
+// operator sees why without a second command.
+func TestOpsStatusSaysWhyLettersWait(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	w := workertest.Start(t, js, testSpec("h2"), workers.HandlerFunc(func(context.Context, *workers.Delivery) error {
+		return workers.Permanent(fmt.Errorf("the hive's folder is gone, ciphertext %s", testSecret))
+	}))
+	publishRotation(t, js, "h2", 1)
+	workertest.WaitIdle(t, js, w.ConsumerName())
+	var out string
+	workertest.WaitUntil(t, "status shows the newest dead letter's reason", func() bool {
+		out = opsOK(t, srv.URL(), newStatusCmd)
+		return strings.Contains(out, "LAST DEAD LETTER IN")
+	})
+	if !strings.Contains(out, "rot-h2-1") || !strings.Contains(out, "the hive's folder is gone") || strings.Contains(out, "c2VjcmV0") {
+		t.Fatalf("status:\n%s", out)
+	}
+	st := decodeJSON[ops.Status](t, opsOK(t, srv.URL(), newStatusCmd, "--json"))
+	if l := st.Instances[0].LastDeadLetter; l == nil || l.EventID != "rot-h2-1" || l.Key != "h2" || !strings.Contains(l.Reason, "folder is gone") || strings.Contains(l.Reason, "c2VjcmV0") {
+		t.Fatalf("status --json: last dead letter %+v", st.Instances[0].LastDeadLetter)
+	}
+}
+
 // TestOpsPauseResumeCommands pauses a running worker from the command line,
 // proves nothing is delivered while status shows the pause, and that resume
 // restarts delivery; both print JSON on request.
