@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
@@ -370,8 +371,20 @@ func TestOpsReplayCountsAndMarks(t *testing.T) {
 		}
 	}
 
+	// One old invalid event (published before a schema check, say) is
+	// reported, and fails no replay for as long as the stream keeps it.
+	bad := nats.NewMsg(events.EventsPrefix + ".credential.rotated." + cfg.Hive)
+	for k, v := range map[string]string{"ce-specversion": "1.0", "ce-type": events.TypeCredentialRotated, "ce-source": "/old",
+		"ce-id": "old-invalid", "ce-subject": cfg.Hive, "content-type": "application/json"} {
+		bad.Header.Set(k, v)
+	}
+	bad.Data = []byte(`{"hive":"` + cfg.Hive + `","version":"one"}`)
+	if _, err := js.PublishMsg(context.Background(), bad); err != nil {
+		t.Fatal(err)
+	}
+
 	out := opsOK(t, srv.URL(), newReplayCmd, append([]string{"credential", "--dry-run"}, flags...)...)
-	if !strings.Contains(out, "2 events, 2 would be handled, 0 invalid") {
+	if !strings.Contains(out, "3 events, 2 would be handled, 1 invalid") {
 		t.Fatalf("dry run:\n%s", out)
 	}
 	if _, err := js.Consumer(ctx, events.StreamEvents, "credential-"+cfg.Hive); err == nil {
@@ -381,7 +394,7 @@ func TestOpsReplayCountsAndMarks(t *testing.T) {
 	// Version 2 applies; version 1, older, is refused by the handler's
 	// rules (its outcome says skipped).
 	out = opsOK(t, srv.URL(), newReplayCmd, append([]string{"credential"}, flags...)...)
-	if !strings.Contains(out, "replayed 2 events through credential-"+cfg.Hive+": 1 applied, 0 failed, 0 unchanged, 1 refused") ||
+	if !strings.Contains(out, "replayed 3 events through credential-"+cfg.Hive+": 1 applied, 0 failed, 0 unchanged, 1 refused") || !strings.Contains(out, "1 invalid") ||
 		!strings.Contains(out, "refused (outcomes: skipped)") {
 		t.Fatalf("replay:\n%s", out)
 	}
@@ -389,7 +402,7 @@ func TestOpsReplayCountsAndMarks(t *testing.T) {
 	// than "2 applied".
 	raw := opsOK(t, srv.URL(), newReplayCmd, append([]string{"credential", "--json"}, flags...)...)
 	rep := decodeJSON[replayReport](t, raw)
-	if rep.Total != 2 || rep.Counts[workers.ReplayApplied] != 0 || len(rep.Events) != 2 || rep.Events[0].Outcomes[0] != "skipped" {
+	if rep.Total != 3 || rep.Counts[workers.ReplayApplied] != 0 || len(rep.Events) != 3 || rep.Events[0].Outcomes[0] != "skipped" {
 		t.Fatalf("replay --json:\n%s", raw)
 	}
 	if _, err := js.Consumer(ctx, events.StreamEvents, "credential-"+cfg.Hive); err == nil {
