@@ -59,8 +59,14 @@ func DevStateOf(d events.Doc) DevState {
 	if err := d.Decode(&doc); err != nil || events.CheckVersion(doc.Version) != nil {
 		return DevState{Version: DevInstalledVersion, Said: fmt.Sprintf("its installed-version document %s does not read as a version, so the worker rebuilds it from its executions before the next release", d.Key)}
 	}
-	if doc.Seed || doc.Evidence == nil {
+	switch {
+	case doc.Seed && doc.Version == DevInstalledVersion:
 		return DevState{Version: doc.Version, Said: fmt.Sprintf("the seed from --installed-version in %s, signed by %s: no release converged yet", d.Key, d.Info.Writer)}
+	case doc.Evidence == nil:
+		// The worker believes no other document without evidence
+		// (installed): it rebuilds it, and the version it records is
+		// the best guess of what the rebuild finds.
+		return DevState{Version: doc.Version, Said: fmt.Sprintf("as %s records it, without the signed evidence the worker believes, so it rebuilds it from its executions before the next release", d.Key)}
 	}
 	return DevState{Version: doc.Version, Said: fmt.Sprintf("recorded in %s, signed by %s, by event %s at %s", d.Key, d.Info.Writer, doc.EventID, doc.UpdatedAt.UTC().Format(time.RFC3339))}
 }

@@ -40,6 +40,8 @@ func TestDevStateOf(t *testing.T) {
 		{"recorded", doc(Installed{Version: "1.2.0", EventID: "rel-1.2.0", UpdatedAt: at, Evidence: &Evidence{}}, true, nil), "1.2.0",
 			[]string{"recorded in " + key, "signed by converge-dev", "event rel-1.2.0", "2026-03-01T10:00:00Z"}},
 		{"seed", doc(Installed{Version: "1.0.0", Seed: true, UpdatedAt: at}, true, nil), "1.0.0", []string{"seed", "no release converged yet"}},
+		{"no evidence", doc(Installed{Version: "1.3.0", UpdatedAt: at}, true, nil), "1.3.0", []string{"without the signed evidence", "rebuilds it"}},
+		{"foreign seed", doc(Installed{Version: "1.3.0", Seed: true, UpdatedAt: at}, true, nil), "1.3.0", []string{"without the signed evidence", "rebuilds it"}},
 		{"forged", doc(Installed{Version: "9.0.0"}, false, &events.Forgery{Reason: "signed by publisher"}), DevInstalledVersion,
 			[]string{"not believed", "signed by publisher", "rebuilds it"}},
 	} {
