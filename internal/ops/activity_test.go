@@ -1,0 +1,163 @@
+package ops_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/ops"
+	"github.com/steward-dev/steward/internal/signing"
+	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/workertest"
+)
+
+// TestActivityCountsEachMinuteByTime publishes three events and has a
+// worker settle two of them (one applied, one dead-lettered), then charts
+// a window that ends two minutes later than now: the by-time lookups must
+// put every message in the minute the server stored it, and nothing in the
+// minutes after, and the backlog is worked back from now's.
+func TestActivityCountsEachMinuteByTime(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	ctx := context.Background()
+	stored := time.Now()
+	publishTraced(t, js, "h1", 1, "")
+	publishTraced(t, js, "h1", 2, "")
+	publishTraced(t, js, "h9", 1, "") // no worker reads it: the backlog
+	w := workertest.Start(t, js, credSpec("h1"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		var r events.CredentialRotated
+		if err := d.DataAs(&r); err != nil {
+			return err
+		}
+		if r.Version == 2 {
+			return workers.Permanent(errors.New("the hive's folder is gone"))
+		}
+		return d.Emit(ctx, "applied", map[string]any{"version": r.Version})
+	}))
+	workertest.WaitIdle(t, js, w.ConsumerName())
+	workertest.WaitUntil(t, "the dead letter is stored", func() bool { return len(workertest.DeadLetters(t, js, "credential", "h1")) == 1 })
+	settled := time.Now()
+
+	idx := ops.NewTimeIndex()
+	for round := range 2 { // the second round answers from the index
+		a, err := ops.GetActivity(ctx, js, ops.ActivityOptions{Now: settled.Add(2 * time.Minute), Minutes: 10, Backlog: 1, Index: idx})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(a.Minutes) != 10 {
+			t.Fatalf("%d minutes, want 10", len(a.Minutes))
+		}
+		var in, out uint64
+		for _, m := range a.Minutes {
+			inStore := !m.Start.After(settled) && m.Start.Add(time.Minute).After(stored.Add(-time.Minute))
+			if !inStore && (m.Stored != 0 || m.Settled != 0) {
+				t.Fatalf("round %d: minute %s counts %d stored and %d settled; everything was stored between %s and %s", round, m.Start, m.Stored, m.Settled, stored, settled)
+			}
+			in, out = in+m.Stored, out+m.Settled
+		}
+		if in != 3 || out != 2 {
+			t.Fatalf("round %d: %d stored and %d settled over the window; want 3 and 2: %+v", round, in, out, a.Minutes)
+		}
+		last := a.Minutes[len(a.Minutes)-1]
+		if last.Backlog != 1 || a.Minutes[0].Backlog != 0 || a.MaxRate < 2 {
+			t.Fatalf("round %d: backlog %d at the end and %d at the start (want 1 and 0), max rate %d", round, last.Backlog, a.Minutes[0].Backlog, a.MaxRate)
+		}
+	}
+}
+
+// TestListKeysByPrefix lists the credential worker's keys from the
+// stream's subject counts, with and without a prefix.
+func TestListKeysByPrefix(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	for _, p := range []struct {
+		hive    string
+		version int
+	}{{"hive-a", 1}, {"hive-a", 2}, {"hive-b", 1}, {"other", 1}} {
+		publishTraced(t, js, p.hive, p.version, "")
+	}
+	got := func(prefix string) string {
+		l, err := ops.ListKeys(context.Background(), js, ops.KeyOptions{Worker: "credential", Prefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s []string
+		for _, k := range l.Keys {
+			s = append(s, k.Key+":"+string(rune('0'+k.Events)))
+		}
+		return strings.Join(s, " ")
+	}
+	if g := got(""); g != "hive-a:2 hive-b:1 other:1" {
+		t.Fatalf("every key: %q", g)
+	}
+	if g := got("hive-"); g != "hive-a:2 hive-b:1" {
+		t.Fatalf("prefix hive-: %q", g)
+	}
+	if g := got("nope"); g != "" {
+		t.Fatalf("prefix nope: %q", g)
+	}
+	if _, err := ops.ListKeys(context.Background(), js, ops.KeyOptions{Worker: "no worker"}); err == nil || !strings.Contains(err.Error(), "worker") {
+		t.Fatalf("a worker that is no subject token: %v", err)
+	}
+}
+
+// TestMessageElidesSecretsAndChecksTheEnvelope reads an event's payload:
+// the secret is elided, and the envelope verifies with the controller key
+// that signed it, and not with another.
+func TestMessageElidesSecretsAndChecksTheEnvelope(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	dir := t.TempDir()
+	priv, pub, err := signing.DevControllerKey(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := signing.LoadPrivateKey(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := signing.SignRotation(key, rotation("h1", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ack := workertest.PublishData(t, js, events.TypeCredentialRotated, "h1", data)
+	keys, err := signing.LoadEnvelopeKeys(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := ops.GetMessage(context.Background(), js, events.StreamEvents, ack.Sequence, ops.Proofs{}, ops.EnvelopeKeys{Controller: keys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(m.Data, "BEGIN AGE") || !strings.Contains(m.Data, `"secret": "[elided]"`) {
+		t.Fatalf("the data shown:\n%s", m.Data)
+	}
+	if m.Envelope == nil || !m.Envelope.Verified || m.Envelope.KeyID != keys.KeyIDs()[0] || m.Envelope.Keys != "controller" {
+		t.Fatalf("the envelope: %+v", m.Envelope)
+	}
+	_, otherPub, err := signing.DevControllerKey(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := signing.LoadEnvelopeKeys(otherPub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err = ops.GetMessage(context.Background(), js, events.StreamEvents, ack.Sequence, ops.Proofs{}, ops.EnvelopeKeys{Controller: other})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Envelope == nil || m.Envelope.Verified || m.Envelope.Rule != signing.RuleSignature {
+		t.Fatalf("the envelope checked with another key: %+v", m.Envelope)
+	}
+	m, err = ops.GetMessage(context.Background(), js, events.StreamEvents, ack.Sequence, ops.Proofs{}, ops.EnvelopeKeys{})
+	if err != nil || m.Envelope == nil || m.Envelope.Verified || !strings.Contains(m.Envelope.Problem, "no controller key") {
+		t.Fatalf("the envelope checked with no key: %+v, %v", m.Envelope, err)
+	}
+	if _, err := ops.GetMessage(context.Background(), js, events.StreamDLQ, 1, ops.Proofs{}, ops.EnvelopeKeys{}); err == nil {
+		t.Fatal("a dead letter was read as a payload")
+	}
+}
