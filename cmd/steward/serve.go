@@ -129,7 +129,7 @@ invitation.written and hostfloor.published: it never has anything signed.`,
 	fs.StringVar(&tokenFile, "token-file", "", "file holding the unscoped bearer token")
 	fs.StringVar(&signingKey, "signing-key", "", "the controller's ed25519 private key (PEM) that signs credential.rotated and grant.changed for scoped tokens, within their windows (without it they are refused)")
 	fs.StringVar(&tokensDir, "tokens-dir", "", "folder of scoped token documents (steward token issue --dir); read again on every request")
-	fs.StringVar(&controllerKey, "controller-key", "", "the controller public keys the newest stored event of a key is verified with, as the workers take them (default: --signing-key's public key)")
+	fs.StringVar(&controllerKey, "controller-key", "", "the controller public keys the newest stored event of a key is verified with, and the console's payload view checks envelopes with, as the workers take them (default: --signing-key's public key)")
 	fs.StringVar(&traceURL, "trace-url", "", "link the console's trace ids to a trace UI: an http(s) address with {traceId} where the id goes, e.g. https://jaeger.example/trace/{traceId}")
 	fs.Int64Var(&maxBody, "max-body", publisher.DefaultMaxBody, "largest request body accepted, in bytes")
 	fs.StringVar(&hc.CertFile, "tls-cert", "", "PEM certificate chain to serve HTTPS with (with --tls-key)")
@@ -166,7 +166,9 @@ func newGateway(g *globals, nc *nats.Conn, js jetstream.JetStream, reg *promethe
 	}
 	cfg := gateway.Config{Token: o.token, TokensDir: o.tokensDir, Verifier: verifier, MaxBody: o.maxBody, Signer: o.signer,
 		NC: nc, JS: js, Audit: audit, Domain: g.jsDomain, ConsoleJS: js, Registry: reg, Ready: ready, TraceURL: o.traceURL, Log: g.log}
-	if o.signer != nil && o.controllerKeys != "" {
+	// The console checks envelopes with these keys too, so they are read
+	// even when this ingress signs nothing.
+	if o.controllerKeys != "" {
 		if cfg.Controller, err = signing.LoadEnvelopeKeys(o.controllerKeys); err != nil {
 			return nil, fmt.Errorf("--controller-key: %w", err)
 		}
