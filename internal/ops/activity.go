@@ -59,9 +59,10 @@ type MinuteActivity struct {
 //
 // The backlog is worked back from now's: at the end of a minute it was
 // the backlog now, less the events stored since, plus what was settled
-// since. That is exact when each event has one consumer; an event that
-// several instances read (a release to several installs) settles once
-// per instance, so the past reads lower than it was, and never below 0.
+// since. That is exact when each event has one consumer and settles with
+// one outcome or letter. It reads high by every extra message: an event
+// that several instances read (a release to several installs) settles
+// once per instance, and the ingress's audit events count as settled.
 func GetActivity(ctx context.Context, js jetstream.JetStream, o ActivityOptions) (*Activity, error) {
 	now := o.Now
 	if now.IsZero() {
