@@ -3,13 +3,11 @@ package ops_test
 import (
 	"context"
 	"errors"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/ops"
-	"github.com/steward-dev/steward/internal/signing"
 	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/workertest"
 )
@@ -65,99 +63,5 @@ func TestActivityCountsEachMinuteByTime(t *testing.T) {
 		if last.Backlog != 1 || a.Minutes[0].Backlog != 0 || a.MaxRate < 2 {
 			t.Fatalf("round %d: backlog %d at the end and %d at the start (want 1 and 0), max rate %d", round, last.Backlog, a.Minutes[0].Backlog, a.MaxRate)
 		}
-	}
-}
-
-// TestListKeysByPrefix lists the credential worker's keys from the
-// stream's subject counts, with and without a prefix.
-func TestListKeysByPrefix(t *testing.T) {
-	srv := workertest.StartServer(t)
-	js := srv.JetStream(t)
-	for _, p := range []struct {
-		hive    string
-		version int
-	}{{"hive-a", 1}, {"hive-a", 2}, {"hive-b", 1}, {"other", 1}} {
-		publishTraced(t, js, p.hive, p.version, "")
-	}
-	got := func(prefix string) string {
-		l, err := ops.ListKeys(context.Background(), js, ops.KeyOptions{Worker: "credential", Prefix: prefix})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var s []string
-		for _, k := range l.Keys {
-			s = append(s, k.Key+":"+string(rune('0'+k.Events)))
-		}
-		return strings.Join(s, " ")
-	}
-	if g := got(""); g != "hive-a:2 hive-b:1 other:1" {
-		t.Fatalf("every key: %q", g)
-	}
-	if g := got("hive-"); g != "hive-a:2 hive-b:1" {
-		t.Fatalf("prefix hive-: %q", g)
-	}
-	if g := got("nope"); g != "" {
-		t.Fatalf("prefix nope: %q", g)
-	}
-	if _, err := ops.ListKeys(context.Background(), js, ops.KeyOptions{Worker: "no worker"}); err == nil || !strings.Contains(err.Error(), "worker") {
-		t.Fatalf("a worker that is no subject token: %v", err)
-	}
-}
-
-// TestMessageElidesSecretsAndChecksTheEnvelope reads an event's payload:
-// the secret is elided, and the envelope verifies with the controller key
-// that signed it, and not with another.
-func TestMessageElidesSecretsAndChecksTheEnvelope(t *testing.T) {
-	srv := workertest.StartServer(t)
-	js := srv.JetStream(t)
-	dir := t.TempDir()
-	priv, pub, err := signing.DevControllerKey(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := signing.LoadPrivateKey(priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := signing.SignRotation(key, rotation("h1", 1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ack := workertest.PublishData(t, js, events.TypeCredentialRotated, "h1", data)
-	keys, err := signing.LoadEnvelopeKeys(pub)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := ops.GetMessage(context.Background(), js, events.StreamEvents, ack.Sequence, ops.Proofs{}, ops.EnvelopeKeys{Controller: keys})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(m.Data, "BEGIN AGE") || !strings.Contains(m.Data, `"secret": "[elided]"`) {
-		t.Fatalf("the data shown:\n%s", m.Data)
-	}
-	if m.Envelope == nil || !m.Envelope.Verified || m.Envelope.KeyID != keys.KeyIDs()[0] || m.Envelope.Keys != "controller" {
-		t.Fatalf("the envelope: %+v", m.Envelope)
-	}
-	_, otherPub, err := signing.DevControllerKey(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := signing.LoadEnvelopeKeys(otherPub)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err = ops.GetMessage(context.Background(), js, events.StreamEvents, ack.Sequence, ops.Proofs{}, ops.EnvelopeKeys{Controller: other})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if m.Envelope == nil || m.Envelope.Verified || m.Envelope.Rule != signing.RuleSignature {
-		t.Fatalf("the envelope checked with another key: %+v", m.Envelope)
-	}
-	m, err = ops.GetMessage(context.Background(), js, events.StreamEvents, ack.Sequence, ops.Proofs{}, ops.EnvelopeKeys{})
-	if err != nil || m.Envelope == nil || m.Envelope.Verified || !strings.Contains(m.Envelope.Problem, "no controller key") {
-		t.Fatalf("the envelope checked with no key: %+v, %v", m.Envelope, err)
-	}
-	if _, err := ops.GetMessage(context.Background(), js, events.StreamDLQ, 1, ops.Proofs{}, ops.EnvelopeKeys{}); err == nil {
-		t.Fatal("a dead letter was read as a payload")
 	}
 }
