@@ -420,3 +420,24 @@ func TestConsolePayloadAddresses(t *testing.T) {
 		}
 	}
 }
+
+// TestConsoleLetterShowsTheEnvelope: a dead-lettered rotation's page says
+// what its envelope proves, as the payload view does.
+func TestConsoleLetterShowsTheEnvelope(t *testing.T) {
+	r := newRig(t, nil)
+	r.broken.Store(true)
+	r.rotation(7, "client-7", "letter-envelope")
+	var letters []events.DeadLetter
+	workertest.WaitUntil(t, "the rotation is dead-lettered", func() bool {
+		letters = workertest.DeadLetters(t, r.js, "credential", testHive)
+		return len(letters) == 1
+	})
+	c, _ := login(t, r.url)
+	page := get(t, c, fmt.Sprintf("%s/dlq/%d", r.url, letters[0].DLQSequence))
+	if !strings.Contains(page, `id="envelope-verdict"><span class="verdict verdict-applied">verified</span> by the controller key`) {
+		t.Fatalf("the letter page does not say the envelope verified:\n%s", page)
+	}
+	if found := leaks(page); len(found) > 0 || strings.Contains(page, "letter-envelope") {
+		t.Fatalf("the letter page shows a secret: %q", found)
+	}
+}

@@ -392,7 +392,18 @@ func (c *Console) letterPage(w http.ResponseWriter, r *http.Request, se *session
 		c.fail(w, r, http.StatusNotFound, err.Error())
 		return
 	}
-	c.render(w, r, http.StatusOK, "letter", se, ops.Detail(l))
+	d := letterData{LetterDetail: ops.Detail(l)}
+	if l.Raw.Event != nil && !l.Truncated {
+		d.Envelope = ops.EnvelopeKeys{Controller: c.cfg.ControllerKeys}.Check(*l.Raw.Event)
+	}
+	c.render(w, r, http.StatusOK, "letter", se, d)
+}
+
+// letterData is one dead letter as `steward dlq show` prints it, and what
+// its event's envelope proves, as the payload view says it.
+type letterData struct {
+	ops.LetterDetail
+	Envelope *ops.EnvelopeCheck
 }
 
 // selected reads the sequences a dead-letter form chose.

@@ -125,15 +125,15 @@ func GetMessage(ctx context.Context, js jetstream.JetStream, stream string, seq 
 		m.Instance = lastToken(raw.Subject)
 		m.Forged, m.Unverified = proofs.outcome(raw.Subject, raw.Time, raw.Header, raw.Data, e)
 	} else {
-		m.Envelope = keys.check(e)
+		m.Envelope = keys.Check(e)
 	}
 	return m, nil
 }
 
-// check is what the envelope of event e proves, or nil when its data has
+// Check is what the envelope of event e proves, or nil when its data has
 // none. The keys are chosen by the event's type, never by what the
 // envelope says of itself.
-func (k EnvelopeKeys) check(e event.Event) *EnvelopeCheck {
+func (k EnvelopeKeys) Check(e event.Event) *EnvelopeCheck {
 	var holder struct {
 		Envelope *dsse.Envelope `json:"envelope"`
 	}
