@@ -16,6 +16,7 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/devstack"
+	"github.com/steward-dev/steward/internal/gateway"
 	"github.com/steward-dev/steward/internal/pgserver"
 	"github.com/steward-dev/steward/internal/proof"
 	"github.com/steward-dev/steward/publisher"
@@ -32,6 +33,8 @@ type devOptions struct {
 	databaseURL string
 	// pgBin overrides where the private cluster's binaries are found.
 	pgBin string
+	// traceURL links the console's trace ids to a trace UI.
+	traceURL string
 }
 
 func newDevCmd(g *globals) *cobra.Command {
@@ -73,6 +76,9 @@ SIGINT or SIGTERM stops it gracefully. Everything it made stays in --dir and
 is reused by the next run.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := gateway.CheckTraceURL(o.traceURL); err != nil {
+				return err
+			}
 			// A person reads dev's log, so it defaults to the console form.
 			if !cmd.Flags().Changed("log-format") {
 				g.logFormat = "console"
@@ -89,6 +95,7 @@ is reused by the next run.`,
 	fs.StringVar(&o.httpListen, "http-listen", "127.0.0.1:8080", "address of the ingress, /metrics, /healthz and /readyz")
 	fs.StringVar(&o.databaseURL, "database-url", "", "PostgreSQL connection string (a superuser) for the provision worker, instead of dev's private cluster (empty: the private cluster)")
 	fs.StringVar(&o.pgBin, "pg-bin", "", "folder of PostgreSQL's server binaries for the private cluster (empty: pg_config --bindir, else the newest /usr/lib/postgresql/*/bin)")
+	fs.StringVar(&o.traceURL, "trace-url", "", "link the console's trace ids to a trace UI: an http(s) address with {traceId} where the id goes, e.g. http://127.0.0.1:16686/trace/{traceId}")
 	rf.add(fs)
 	return cmd
 }
@@ -103,7 +110,7 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, o 
 	reg := newRegistry()
 	stack := devstack.New(o.dir, devIdentity{g},
 		devstack.WithNATSListen(o.natsListen), devstack.WithHTTPListen(o.httpListen),
-		devstack.WithDatabaseURL(o.databaseURL), devstack.WithPGBin(o.pgBin),
+		devstack.WithDatabaseURL(o.databaseURL), devstack.WithPGBin(o.pgBin), devstack.WithTraceURL(o.traceURL),
 		devstack.WithReplicas(g.replicas), devstack.WithLogger(g.log), devstack.WithRegistry(reg),
 		devstack.WithWorkers(devWorkers...),
 		devstack.WithWorkerOptions(func(r prometheus.Registerer) []workers.Option { return rf.options(g, r) }))

@@ -22,7 +22,7 @@ import (
 )
 
 func newServeCmd(g *globals) *cobra.Command {
-	var listen, token, tokenFile, signingKey, tokensDir, controllerKey string
+	var listen, token, tokenFile, signingKey, tokensDir, controllerKey, traceURL string
 	var maxBody int64
 	var hc publisher.ServerConfig
 	cmd := &cobra.Command{
@@ -62,6 +62,9 @@ invitation.written and hostfloor.published: it never has anything signed.`,
     -d '{"version":"1.2.3"}' http://127.0.0.1:8080/events`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := gateway.CheckTraceURL(traceURL); err != nil {
+				return err
+			}
 			tok, err := readToken(token, tokenFile, tokensDir != "")
 			if err != nil {
 				return err
@@ -85,7 +88,7 @@ invitation.written and hostfloor.published: it never has anything signed.`,
 				g.log.Warn().Err(err).Msg("the streams could not be checked with these credentials; publishing needs them to exist (steward setup)")
 			}
 			reg := newRegistry()
-			gw, err := newGateway(g, nc, js, reg, ingressOptions{token: tok, tokensDir: tokensDir, maxBody: maxBody, signer: signer, controllerKeys: controllerKey}, natsReady(nc))
+			gw, err := newGateway(g, nc, js, reg, ingressOptions{token: tok, tokensDir: tokensDir, maxBody: maxBody, signer: signer, controllerKeys: controllerKey, traceURL: traceURL}, natsReady(nc))
 			if err != nil {
 				return err
 			}
@@ -126,7 +129,8 @@ invitation.written and hostfloor.published: it never has anything signed.`,
 	fs.StringVar(&tokenFile, "token-file", "", "file holding the unscoped bearer token")
 	fs.StringVar(&signingKey, "signing-key", "", "the controller's ed25519 private key (PEM) that signs credential.rotated and grant.changed for scoped tokens, within their windows (without it they are refused)")
 	fs.StringVar(&tokensDir, "tokens-dir", "", "folder of scoped token documents (steward token issue --dir); read again on every request")
-	fs.StringVar(&controllerKey, "controller-key", "", "the controller public keys the newest stored event of a key is verified with, as the workers take them (default: --signing-key's public key)")
+	fs.StringVar(&controllerKey, "controller-key", "", "the controller public keys the newest stored event of a key is verified with, and the console's payload view checks envelopes with, as the workers take them (default: --signing-key's public key)")
+	fs.StringVar(&traceURL, "trace-url", "", "link the console's trace ids to a trace UI: an http(s) address with {traceId} where the id goes, e.g. https://jaeger.example/trace/{traceId}")
 	fs.Int64Var(&maxBody, "max-body", publisher.DefaultMaxBody, "largest request body accepted, in bytes")
 	fs.StringVar(&hc.CertFile, "tls-cert", "", "PEM certificate chain to serve HTTPS with (with --tls-key)")
 	fs.StringVar(&hc.KeyFile, "tls-key", "", "PEM private key of --tls-cert")
@@ -144,6 +148,8 @@ type ingressOptions struct {
 	// the newest event stored on a key (default: the signer's public key).
 	signer         *signing.EventSigner
 	controllerKeys string
+	// traceURL links the console's trace ids (--trace-url).
+	traceURL string
 }
 
 // newGateway configures the ingress, its signing gate and the console (the
@@ -159,8 +165,10 @@ func newGateway(g *globals, nc *nats.Conn, js jetstream.JetStream, reg *promethe
 		return nil, err
 	}
 	cfg := gateway.Config{Token: o.token, TokensDir: o.tokensDir, Verifier: verifier, MaxBody: o.maxBody, Signer: o.signer,
-		NC: nc, JS: js, Audit: audit, Domain: g.jsDomain, ConsoleJS: js, Registry: reg, Ready: ready, Log: g.log}
-	if o.signer != nil && o.controllerKeys != "" {
+		NC: nc, JS: js, Audit: audit, Domain: g.jsDomain, ConsoleJS: js, Registry: reg, Ready: ready, TraceURL: o.traceURL, Log: g.log}
+	// The console checks envelopes with these keys too, so they are read
+	// even when this ingress signs nothing.
+	if o.controllerKeys != "" {
 		if cfg.Controller, err = signing.LoadEnvelopeKeys(o.controllerKeys); err != nil {
 			return nil, fmt.Errorf("--controller-key: %w", err)
 		}

@@ -23,7 +23,7 @@ import (
 // chromium; .ci/run installs it) against the console in process. Where no
 // Chromium is installed they skip, and under CI they fail
 // (workertest.Requires). STEWARD_CONSOLE_SCREENSHOTS=<dir> saves
-// a screenshot of each page they reach there (docs/console-*.png).
+// a screenshot of each page they reach there (docs/screenshots/console-*.png).
 
 func chromium(t *testing.T) string {
 	t.Helper()
@@ -270,7 +270,7 @@ func TestBrowserPublishRotation(t *testing.T) {
 	if rows < 2 {
 		t.Fatalf("the key page highlights %d entries of the followed event; want its event and its outcome", rows)
 	}
-	screenshot(t, ctx, "key")
+	screenshot(t, ctx, "key-followed")
 	if got, err := os.ReadFile(filepath.Join(r.credDir, credential.SecretFile)); err != nil || string(got) != plaintext {
 		t.Fatalf("the hive's secret file after the rotation: %q, %v", got, err)
 	}
@@ -390,7 +390,7 @@ func TestBrowserOverviewShowsPaused(t *testing.T) {
 	if !strings.HasPrefix(paused, "until ") {
 		t.Fatalf("the paused cell says %q", paused)
 	}
-	screenshot(t, ctx, "overview")
+	screenshot(t, ctx, "overview-paused")
 	st, err := ops.GetStatus(context.Background(), r.js, ops.StatusOptions{Instance: testHive})
 	if err != nil || len(st.Instances) != 1 || st.Instances[0].State != ops.StatePaused {
 		t.Fatalf("ops.GetStatus disagrees with the page: %+v, %v", st, err)

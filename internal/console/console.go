@@ -20,6 +20,7 @@ import (
 	"context"
 	"embed"
 	"errors"
+	"fmt"
 	"html/template"
 	"io/fs"
 	"net/http"
@@ -31,6 +32,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/ops"
+	"github.com/steward-dev/steward/internal/signing"
 	"github.com/steward-dev/steward/publisher"
 )
 
@@ -99,6 +102,14 @@ type Config struct {
 	// credential.rotated; nil means this console cannot publish them, and
 	// their forms say so.
 	Signer Signer
+	// ControllerKeys verify the envelopes of credential.rotated and
+	// grant.changed in a payload view, as the workers verify them; nil
+	// shows them as not checked.
+	ControllerKeys *signing.KeySet
+	// TraceURL, when set, links every trace id to a trace UI: an http or
+	// https address with TraceIDPlaceholder where the id goes
+	// (CheckTraceURL).
+	TraceURL string
 	// SessionTTL is how long a login lasts (default DefaultSessionTTL).
 	SessionTTL time.Duration
 	// Log receives one line per refused login and per action, and the
@@ -119,6 +130,9 @@ type Console struct {
 	mux      *http.ServeMux
 	cop      *http.CrossOriginProtection
 	logins   *loginLimiter
+	// times remembers the streams' sequences at past minutes, so the
+	// overview's charts ask the server only for the newest minute.
+	times *ops.TimeIndex
 }
 
 // New checks cfg and returns the console.
@@ -131,13 +145,18 @@ func New(cfg Config) (*Console, error) {
 	case cfg.Publisher == nil:
 		return nil, errors.New("the console has no publisher: it publishes what an operator submits, so it needs the ingress's (Config.Publisher)")
 	}
+	if cfg.TraceURL != "" {
+		if err := CheckTraceURL(cfg.TraceURL); err != nil {
+			return nil, fmt.Errorf("the console's trace URL: %w", err)
+		}
+	}
 	if cfg.SessionTTL <= 0 {
 		cfg.SessionTTL = DefaultSessionTTL
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	pages, err := parseTemplates()
+	pages, err := parseTemplates(cfg.TraceURL)
 	if err != nil {
 		return nil, err
 	}
@@ -153,6 +172,7 @@ func New(cfg Config) (*Console, error) {
 		static:   http.StripPrefix("/static/", http.FileServerFS(sub)),
 		cop:      http.NewCrossOriginProtection(),
 		logins:   newLoginLimiter(cfg.Now),
+		times:    ops.NewTimeIndex(),
 	}
 	c.routes()
 	return c, nil

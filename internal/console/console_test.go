@@ -58,7 +58,7 @@ func TestNoPageOrAPIWithoutLogin(t *testing.T) {
 	r := newRig(t, nil)
 	c := noRedirect(nil)
 	for _, p := range []string{"/", "/overview/live", "/key?worker=credential&key=hive-1", "/key/live?worker=credential&key=hive-1",
-		"/dlq", "/dlq/1", "/publish", "/publish?type=" + events.TypeReleasePublished, "/static/console.js", "/static/vendor/age.js", "/nothing-here"} {
+		"/dlq", "/dlq/1", "/keys", "/keys?worker=credential&prefix=h", "/payload/STEWARD_EVENTS/1", "/publish", "/publish?type=" + events.TypeReleasePublished, "/static/console.js", "/static/vendor/age.js", "/nothing-here"} {
 		resp, err := c.Get(r.url + p)
 		if err != nil {
 			t.Fatal(err)
@@ -383,4 +383,61 @@ func forgeLetter(t *testing.T, r *rig, hive, reason string) uint64 {
 		t.Fatal(err)
 	}
 	return ack.Sequence
+}
+
+// TestConsolePayloadAddresses: a payload is read only from the events and
+// outcomes streams, by a sequence; a dead letter's goes to its own page,
+// and anything else is refused saying why.
+func TestConsolePayloadAddresses(t *testing.T) {
+	r := newRig(t, nil)
+	r.rotation(1, "client-1", "payload-addresses")
+	c, _ := login(t, r.url)
+	for _, tc := range []struct {
+		path   string
+		status int
+		says   string
+	}{
+		{"/payload/STEWARD_EVENTS/1", http.StatusOK, `secret&#34;: &#34;[elided]`},
+		{"/payload/STEWARD_EVENTS/99", http.StatusNotFound, "holds no message at sequence 99"},
+		{"/payload/STEWARD_EVENTS/x", http.StatusBadRequest, "is not a stream sequence"},
+		{"/payload/KV_STEWARD_CHECKPOINTS/1", http.StatusNotFound, "a payload is read from STEWARD_EVENTS or STEWARD_OUTCOMES"},
+		{"/payload/STEWARD_DLQ/3", http.StatusSeeOther, ""},
+	} {
+		resp, err := c.Get(r.url + tc.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || !strings.Contains(string(b), tc.says) {
+			t.Errorf("GET %s: %s, want %d saying %q:\n%.600s", tc.path, resp.Status, tc.status, tc.says, b)
+		}
+		if tc.status == http.StatusSeeOther && resp.Header.Get("Location") != "/dlq/3" {
+			t.Errorf("GET %s: to %q, want /dlq/3", tc.path, resp.Header.Get("Location"))
+		}
+		if found := leaks(string(b)); len(found) > 0 || strings.Contains(string(b), "payload-addresses") {
+			t.Errorf("GET %s shows a secret: %q", tc.path, found)
+		}
+	}
+}
+
+// TestConsoleLetterShowsTheEnvelope: a dead-lettered rotation's page says
+// what its envelope proves, as the payload view does.
+func TestConsoleLetterShowsTheEnvelope(t *testing.T) {
+	r := newRig(t, nil)
+	r.broken.Store(true)
+	r.rotation(7, "client-7", "letter-envelope")
+	var letters []events.DeadLetter
+	workertest.WaitUntil(t, "the rotation is dead-lettered", func() bool {
+		letters = workertest.DeadLetters(t, r.js, "credential", testHive)
+		return len(letters) == 1
+	})
+	c, _ := login(t, r.url)
+	page := get(t, c, fmt.Sprintf("%s/dlq/%d", r.url, letters[0].DLQSequence))
+	if !strings.Contains(page, `id="envelope-verdict"><span class="verdict verdict-applied">verified</span> by the controller key`) {
+		t.Fatalf("the letter page does not say the envelope verified:\n%s", page)
+	}
+	if found := leaks(page); len(found) > 0 || strings.Contains(page, "letter-envelope") {
+		t.Fatalf("the letter page shows a secret: %q", found)
+	}
 }

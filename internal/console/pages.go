@@ -20,15 +20,18 @@ import (
 
 // pageNames are the templates that are whole pages; each is parsed with
 // layout.html. Fragments (the live parts) are defined inside them.
-var pageNames = []string{"login", "overview", "key", "dlq", "letter", "confirm", "done", "publish", "error"}
+var pageNames = []string{"login", "overview", "key", "keys", "payload", "dlq", "letter", "confirm", "done", "publish", "error"}
 
-func parseTemplates() (map[string]*template.Template, error) {
+func parseTemplates(traceTemplate string) (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
-		"ts":     func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
-		"tsp":    func(t *time.Time) string { return tsp(t) },
-		"ago":    ago,
-		"keyURL": keyURL,
-		"dlqURL": func(worker string) string { return "/dlq?worker=" + url.QueryEscape(worker) },
+		"traceURL":   func(id string) string { return traceURL(traceTemplate, id) },
+		"payloadURL": payloadURL,
+		"eventURL":   eventURL,
+		"ts":         func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+		"tsp":        func(t *time.Time) string { return tsp(t) },
+		"ago":        ago,
+		"keyURL":     keyURL,
+		"dlqURL":     func(worker string) string { return "/dlq?worker=" + url.QueryEscape(worker) },
 		"short": func(s string, n int) string {
 			if len([]rune(s)) <= n {
 				return s
@@ -77,11 +80,22 @@ func verdictOf(e ops.Entry) verdict {
 	case ops.EntryDeadLetter:
 		return verdict{"dead-lettered", "verdict-dead-lettered"}
 	}
-	switch e.Outcome {
-	case "refused", "superseded", "applied", "failed":
-		return verdict{e.Outcome, "verdict-" + e.Outcome}
+	if class, ok := outcomeClasses[e.Outcome]; ok {
+		return verdict{e.Outcome, class}
 	}
 	return verdict{"outcome " + e.Outcome, "verdict-other"}
+}
+
+// outcomeClasses colour the workers' outcomes by what they mean: done
+// (applied, succeeded, armed, a floor accepted), refused, set aside
+// without harm (superseded, a stale version skipped, a floor kept), or
+// failed. The word shown is the outcome's own.
+var outcomeClasses = map[string]string{
+	"applied": "verdict-applied", "succeeded": "verdict-applied", "armed": "verdict-applied",
+	"armed-already": "verdict-applied", "floor-accepted": "verdict-applied",
+	"refused": "verdict-refused", "floor-refused": "verdict-refused",
+	"superseded": "verdict-superseded", "skipped": "verdict-superseded", "floor-kept": "verdict-superseded",
+	"failed": "verdict-failed",
 }
 
 func tsp(t *time.Time) string {
@@ -121,6 +135,8 @@ func (c *Console) routes() {
 	m.Handle("POST /pause", c.authed(c.pause))
 	m.Handle("GET /key", c.authed(c.keyPage))
 	m.Handle("GET /key/live", c.authed(c.keyLive))
+	m.Handle("GET /keys", c.authed(c.keysPage))
+	m.Handle("GET /payload/{stream}/{seq}", c.authed(c.payloadPage))
 	m.Handle("GET /dlq", c.authed(c.dlqPage))
 	m.Handle("GET /dlq/{seq}", c.authed(c.letterPage))
 	m.Handle("POST /dlq/confirm", c.authed(c.dlqConfirm))
@@ -184,11 +200,17 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// overviewData is what ops.GetStatus computes, as `steward status` shows it.
+// overviewData is what ops.GetStatus computes, as `steward status` shows
+// it, and on the unfiltered overview the charts of the last hour: every
+// worker's backlog and what was stored and settled per minute
+// (ops.GetActivity).
 type overviewData struct {
 	Status *ops.Status
 	Error  string
 	Worker string
+	Charts []chart
+	// ChartError says why the charts could not be drawn.
+	ChartError string
 }
 
 func (c *Console) overviewData(r *http.Request) overviewData {
@@ -197,7 +219,19 @@ func (c *Console) overviewData(r *http.Request) overviewData {
 	d := overviewData{Status: st, Worker: worker}
 	if err != nil {
 		d.Error = err.Error()
+		return d
 	}
+	if worker != "" {
+		// The streams' counts are every worker's, so the charts are on
+		// the unfiltered overview only.
+		return d
+	}
+	a, err := ops.GetActivity(r.Context(), c.cfg.JS, ops.ActivityOptions{Now: c.cfg.Now(), Backlog: st.Backlog, Index: c.times})
+	if err != nil {
+		d.ChartError = err.Error()
+		return d
+	}
+	d.Charts = charts(a)
 	return d
 }
 
@@ -358,7 +392,18 @@ func (c *Console) letterPage(w http.ResponseWriter, r *http.Request, se *session
 		c.fail(w, r, http.StatusNotFound, err.Error())
 		return
 	}
-	c.render(w, r, http.StatusOK, "letter", se, ops.Detail(l))
+	d := letterData{LetterDetail: ops.Detail(l)}
+	if l.Raw.Event != nil && !l.Truncated {
+		d.Envelope = ops.EnvelopeKeys{Controller: c.cfg.ControllerKeys}.Check(*l.Raw.Event)
+	}
+	c.render(w, r, http.StatusOK, "letter", se, d)
+}
+
+// letterData is one dead letter as `steward dlq show` prints it, and what
+// its event's envelope proves, as the payload view says it.
+type letterData struct {
+	ops.LetterDetail
+	Envelope *ops.EnvelopeCheck
 }
 
 // selected reads the sequences a dead-letter form chose.

@@ -73,12 +73,26 @@ type rig struct {
 }
 
 func newRig(t testing.TB, signer console.Signer) *rig {
-	return newRigAt(t, signer, nil)
+	return newRigWith(t, rigConfig{signer: signer})
 }
 
 // newRigAt is newRig with the console's clock (nil: time.Now).
 func newRigAt(t testing.TB, signer console.Signer, now func() time.Time) *rig {
+	return newRigWith(t, rigConfig{signer: signer, now: now})
+}
+
+// rigConfig is what a test changes of the rig's console.
+type rigConfig struct {
+	signer console.Signer
+	// now is the console's clock (nil: time.Now).
+	now func() time.Time
+	// traceURL is the console's --trace-url.
+	traceURL string
+}
+
+func newRigWith(t testing.TB, rc rigConfig) *rig {
 	t.Helper()
+	signer, now := rc.signer, rc.now
 	r := &rig{t: t, srv: workertest.StartServer(t)}
 	r.js = r.srv.JetStream(t)
 	dir := t.TempDir()
@@ -119,12 +133,20 @@ func newRigAt(t testing.TB, signer console.Signer, now func() time.Time) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The payload view checks envelopes with the key the credential
+	// worker trusts, as the gateway gives it the workers' controller keys.
+	controllerKeys, err := signing.LoadEnvelopeKeys(ctlPub)
+	if err != nil {
+		t.Fatal(err)
+	}
 	c, err := console.New(console.Config{
-		Token:     testToken,
-		JS:        r.js,
-		Publisher: publisher.New(r.js, publisher.WithSource(console.Source)),
-		Signer:    signer,
-		Now:       now,
+		Token:          testToken,
+		JS:             r.js,
+		Publisher:      publisher.New(r.js, publisher.WithSource(console.Source)),
+		Signer:         signer,
+		ControllerKeys: controllerKeys,
+		TraceURL:       rc.traceURL,
+		Now:            now,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -142,6 +164,13 @@ func newRigAt(t testing.TB, signer console.Signer, now func() time.Time) *rig {
 // past the console (as another publisher would).
 func (r *rig) rotation(version int, clientID, secret string) {
 	r.t.Helper()
+	r.rotationTraced(version, clientID, secret, "")
+}
+
+// rotationTraced is rotation carrying the W3C trace id trace (none when
+// ""), as a traced publisher sends it; it returns the event's id.
+func (r *rig) rotationTraced(version int, clientID, secret, trace string) string {
+	r.t.Helper()
 	ct, err := agekey.Encrypt(r.recipient, []byte(secret))
 	if err != nil {
 		r.t.Fatal(err)
@@ -150,5 +179,12 @@ func (r *rig) rotation(version int, clientID, secret string) {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	workertest.PublishData(r.t, r.js, events.TypeCredentialRotated, testHive, data)
+	e, err := events.New(events.TypeCredentialRotated, testHive, data)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if trace != "" {
+		e.SetExtension("traceparent", "00-"+trace+"-00f067aa0ba902b7-01")
+	}
+	return workertest.Publish(r.t, r.js, e).ID
 }

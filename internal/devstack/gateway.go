@@ -46,7 +46,7 @@ func (s *Stack) startGateway(ctx context.Context) error {
 		return err
 	}
 	cfg := gateway.Config{Token: token, TokensDir: filepath.Join(s.Dir, TokensDir), Verifier: verifier, Signer: signer,
-		NC: s.pubNC, JS: s.pubJS, Audit: audit, ConsoleJS: s.opJS, Registry: s.o.registry, Ready: s.ready, Log: s.o.log}
+		NC: s.pubNC, JS: s.pubJS, Audit: audit, ConsoleJS: s.opJS, Registry: s.o.registry, Ready: s.ready, TraceURL: s.o.traceURL, Log: s.o.log}
 	if cfg.ConsoleDocs, err = s.operatorDocuments(ctx); err != nil {
 		s.o.log.Warn().Err(err).Msg("the console cannot read the checkpoint bucket with these credentials; status documents are not shown verified, and stream readers cannot be paused from it")
 	}

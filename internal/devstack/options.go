@@ -13,6 +13,7 @@ type Option func(*options)
 type options struct {
 	natsListen, httpListen string
 	databaseURL, pgBin     string
+	traceURL               string
 	replicas               int
 	log                    zerolog.Logger
 	workers                []Worker
@@ -47,6 +48,10 @@ func WithDatabaseURL(url string) Option { return func(o *options) { o.databaseUR
 // cluster (default: pg_config --bindir, else the newest
 // /usr/lib/postgresql/*/bin).
 func WithPGBin(dir string) Option { return func(o *options) { o.pgBin = dir } }
+
+// WithTraceURL links the console's trace ids to a trace UI (a template
+// with {traceId}; "" shows them as text).
+func WithTraceURL(template string) Option { return func(o *options) { o.traceURL = template } }
 
 // WithReplicas is the streams' and the bucket's replicas (default 1).
 func WithReplicas(n int) Option { return func(o *options) { o.replicas = n } }

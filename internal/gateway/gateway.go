@@ -61,8 +61,24 @@ type Config struct {
 	// /metrics serves; Ready answers /readyz.
 	Registry *prometheus.Registry
 	Ready    func() error
+	// TraceURL links the console's trace ids to a trace UI
+	// (--trace-url, e.g. https://jaeger.example/trace/{traceId}); ""
+	// shows them as text.
+	TraceURL string
 	// Log receives the ingress's, the gate's and the console's lines.
 	Log zerolog.Logger
+}
+
+// CheckTraceURL checks --trace-url (STEWARD_TRACE_URL) before anything
+// is started, so a bad template is refused naming the flag.
+func CheckTraceURL(template string) error {
+	if template == "" {
+		return nil
+	}
+	if err := console.CheckTraceURL(template); err != nil {
+		return fmt.Errorf("--trace-url (STEWARD_TRACE_URL): %w", err)
+	}
+	return nil
 }
 
 // Gateway is the mux of the ingress, the console, metrics and health.
@@ -74,6 +90,15 @@ type Gateway struct {
 func New(cfg Config) (*Gateway, error) {
 	if cfg.JS == nil || cfg.ConsoleJS == nil || cfg.Registry == nil {
 		return nil, errors.New("the gateway needs the ingress's connection, the console's connection and a metrics registry")
+	}
+	if err := CheckTraceURL(cfg.TraceURL); err != nil {
+		return nil, err
+	}
+	if cfg.Signer != nil && cfg.Controller == nil {
+		var err error
+		if cfg.Controller, err = signing.NewKeySet(cfg.Signer.Public()); err != nil {
+			return nil, fmt.Errorf("--controller-key: %w", err)
+		}
 	}
 	gate, scoped, err := newGate(cfg)
 	if err != nil {
@@ -100,7 +125,11 @@ func New(cfg Config) (*Gateway, error) {
 		Docs:      cfg.ConsoleDocs,
 		Publisher: publisher.New(cfg.ConsoleJS, publisher.WithSource(console.Source)),
 		Signer:    gate,
-		Log:       cfg.Log.With().Str("component", "console").Logger(),
+		// The payload view checks envelopes with the keys the newest
+		// stored event is checked with, the workers' controller keys.
+		ControllerKeys: cfg.Controller,
+		TraceURL:       cfg.TraceURL,
+		Log:            cfg.Log.With().Str("component", "console").Logger(),
 	})
 	if err != nil {
 		return nil, err
@@ -123,11 +152,6 @@ func newGate(cfg Config) (*tokens.Gate, *tokens.Dir, error) {
 		Log: cfg.Log.With().Str("component", "ingress").Logger()}
 	if cfg.Domain != "" {
 		gc.APIPrefix = "$JS." + cfg.Domain + ".API"
-	}
-	if cfg.Signer != nil && gc.Controller == nil {
-		if gc.Controller, err = signing.NewKeySet(cfg.Signer.Public()); err != nil {
-			return nil, nil, fmt.Errorf("--controller-key: %w", err)
-		}
 	}
 	gate, err := tokens.NewGate(gc)
 	if err != nil {

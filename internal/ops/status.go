@@ -93,6 +93,9 @@ type Status struct {
 	Counts map[State]int `json:"counts"`
 	// DeadLetters is the depth of STEWARD_DLQ for the instances matched.
 	DeadLetters uint64 `json:"deadLetters"`
+	// Backlog is the events of every instance matched not yet settled
+	// (pending and unacknowledged), summed.
+	Backlog uint64 `json:"backlog"`
 	// Instances are the worst instances first, at most the limit; More is
 	// how many matched beyond them.
 	Instances []Instance `json:"instances"`
@@ -253,6 +256,7 @@ func GetStatus(ctx context.Context, js jetstream.JetStream, o StatusOptions) (*S
 	for _, in := range list {
 		st.Counts[in.State]++
 		st.DeadLetters += in.DeadLetters
+		st.Backlog += in.Unsettled()
 	}
 	limit := o.Limit
 	if limit == 0 {
