@@ -105,12 +105,25 @@ func (r Round) ExternalHandlerRatio() float64 {
 	return ratio(float64(r.Runtime.Handler.P99), float64(r.External.Handler.P99))
 }
 
-// Cost is the raw Ack path's consume and publish rates on layout l as
-// multiples of its rates on the STEWARD_EVENTS-shaped stream: above 1, what
-// l switches off costs the shaped stream that much.
-func (r Round) Cost(l Layout) (consume, publish float64) {
+// Cost compares the raw Ack path on one layout with the same path on the
+// STEWARD_EVENTS-shaped stream: what the layout switches off costs the
+// shaped stream.
+type Cost struct {
+	// Consume and Publish are the layout's rates as multiples of the
+	// shaped stream's: above 1, what it switches off slows the shaped one.
+	Consume, Publish float64
+	// CPU is the layout's CPU per event as a fraction of the shaped
+	// stream's: below 1, what it switches off costs the shaped one CPU.
+	// On a shared machine it is the steadier figure: the rates move with
+	// what else runs, the CPU a process spends much less.
+	CPU float64
+}
+
+// Cost is the raw Ack path on layout l against the shaped stream.
+func (r Round) Cost(l Layout) Cost {
 	m, base := r.ack(l), r.ack(Shaped)
-	return ratio(m.PerSecond, base.PerSecond), ratio(m.Published, base.Published)
+	return Cost{Consume: ratio(m.PerSecond, base.PerSecond), Publish: ratio(m.Published, base.Published),
+		CPU: ratio(float64(m.CPU), float64(base.CPU))}
 }
 
 func ratio(a, b float64) float64 {
@@ -156,10 +169,13 @@ func (r Result) ValidatingHandlerRatio() float64 { return r.median(Round.Validat
 // publish-to-handler over the external path's.
 func (r Result) ExternalHandlerRatio() float64 { return r.median(Round.ExternalHandlerRatio) }
 
-// Cost is the median over the rounds of Round.Cost.
-func (r Result) Cost(l Layout) (consume, publish float64) {
-	return r.median(func(x Round) float64 { c, _ := x.Cost(l); return c }),
-		r.median(func(x Round) float64 { _, p := x.Cost(l); return p })
+// Cost is the median over the rounds of each figure of Round.Cost.
+func (r Result) Cost(l Layout) Cost {
+	return Cost{
+		Consume: r.median(func(x Round) float64 { return x.Cost(l).Consume }),
+		Publish: r.median(func(x Round) float64 { return x.Cost(l).Publish }),
+		CPU:     r.median(func(x Round) float64 { return x.Cost(l).CPU }),
+	}
 }
 
 func (r Result) median(of func(Round) float64) float64 { return medianBy(r.Rounds, of) }
@@ -233,13 +249,12 @@ func (r Result) String() string {
 	if r.ExternalName != "" {
 		out += fmt.Sprintf("runtime / %s p99 handler: %.2f\n", r.ExternalName, r.ExternalHandlerRatio())
 	}
-	var costs []string
-	for _, l := range r.costsRun() {
-		c, p := r.Cost(l)
-		costs = append(costs, fmt.Sprintf("%s %.2f, %.2f", l, c, p))
-	}
-	if len(costs) > 0 {
-		out += fmt.Sprintf("raw Ack against %s, consume and publish rates: %s\n", Shaped, strings.Join(costs, "; "))
+	if costs := r.costsRun(); len(costs) > 0 {
+		out += fmt.Sprintf("raw Ack against itself on %s: rates as multiples of its, CPU per event as a fraction of its\n", Shaped)
+		for _, l := range costs {
+			c := r.Cost(l)
+			out += fmt.Sprintf("  %-32s consume %.2f   publish %.2f   CPU %.2f\n", l, c.Consume, c.Publish, c.CPU)
+		}
 	}
 	if len(r.Rounds) > 1 {
 		each := func(of func(Round) float64) string {
@@ -255,7 +270,8 @@ func (r Result) String() string {
 			out += fmt.Sprintf("; p99 handler, %s %s", r.ExternalName, each(Round.ExternalHandlerRatio))
 		}
 		for _, l := range r.costsRun() {
-			out += fmt.Sprintf("; %s %s", l, each(func(x Round) float64 { c, _ := x.Cost(l); return c }))
+			out += fmt.Sprintf("; %s %s (CPU %s)", l, each(func(x Round) float64 { return x.Cost(l).Consume }),
+				each(func(x Round) float64 { return x.Cost(l).CPU }))
 		}
 		out += "\n"
 	}
