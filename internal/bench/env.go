@@ -162,6 +162,12 @@ func (e *Env) messages(run, n, keys int) ([]*nats.Msg, error) {
 // idPrefix starts the id of every event of run.
 func (e *Env) idPrefix(run int) string { return "bench-" + e.nonce + "-" + strconv.Itoa(run) + "-" }
 
+// stallWait is how long a publish waits for room among the 1,024 acks
+// the publisher may await: nats.go's 200 ms default fails a burst on a
+// loaded machine, where the server falls behind for longer; waiting slows
+// the publisher, as the server does.
+var stallWait = jetstream.WithStallWait(30 * time.Second)
+
 // publish sends msgs asynchronously, as one burst or paced at rate per
 // second, noting when each left, and waits for every publish ack.
 func (e *Env) publish(ctx context.Context, t *tracker, msgs []*nats.Msg, rate int) error {
@@ -181,7 +187,7 @@ func (e *Env) publish(ctx context.Context, t *tracker, msgs []*nats.Msg, rate in
 			}
 		}
 		t.sent[i].Store(time.Now().UnixNano())
-		f, err := e.pubJS.PublishMsgAsync(m)
+		f, err := e.pubJS.PublishMsgAsync(m, stallWait)
 		if err != nil {
 			return fmt.Errorf("publish %d: %w", i, err)
 		}
