@@ -42,6 +42,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"time"
 )
 
@@ -180,6 +181,10 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	for i := range res.Rounds {
 		for j := range paths {
 			p := paths[(i+j)%len(paths)]
+			// The garbage an earlier turn left would be collected in this
+			// one, on its CPU and its latencies: the path after the
+			// validating one, say, paid for that one's decoding.
+			runtime.GC()
 			m, err := p.measure(env, ctx, o)
 			if err != nil {
 				return Result{}, fmt.Errorf("%s, round %d: %w", p.name, i+1, err)
