@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -287,4 +288,51 @@ func BenchmarkSteady(b *testing.B) {
 	b.ReportMetric(float64(res.RawDouble.Settled.P99.Microseconds())/1000, "raw-double-settled-p99-ms")
 	b.ReportMetric(res.SettledRatio(), "settled-ratio")
 	b.ReportMetric(res.HandlerRatio(), "handler-ratio")
+}
+
+// BenchmarkStreamCosts measures the raw Ack consumer alone on each layout,
+// b.N events a turn, in 6 rounds whose first layout changes from round to
+// round, and reports each layout's median CPU per event and publish rate:
+// with no other path between them, more rounds fit in the same time than
+// `steward bench --stream-costs` takes, and on a shared machine the CPU per
+// event is what steadies with rounds. Run it with a fixed count:
+// go test -run '^$' -bench StreamCosts -benchtime 10000x ./internal/bench
+func BenchmarkStreamCosts(b *testing.B) {
+	env, err := Start(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer env.Close()
+	o := Options{Events: b.N, Timeout: 5 * time.Minute}
+	rounds := make([]Round, 6)
+	for _, l := range layouts {
+		if _, err := env.Raw(context.Background(), Options{Events: min(warmUpEvents, b.N), Timeout: o.Timeout}, Ack, l); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for i := range rounds {
+		for j := range layouts {
+			l := layouts[(i+j)%len(layouts)]
+			runtime.GC()
+			m, err := env.Raw(context.Background(), o, Ack, l)
+			if err != nil {
+				b.Fatal(err)
+			}
+			*rounds[i].ack(l) = m
+		}
+	}
+	res := Result{Rounds: rounds}
+	for _, l := range layouts {
+		ms := make([]Measure, len(rounds))
+		for i := range rounds {
+			ms[i] = *rounds[i].ack(l)
+		}
+		m := medianMeasure(ms)
+		name := strings.NewReplacer(" ", "-", ",", "", "STEWARD_EVENTS-", "").Replace(l.String())
+		b.ReportMetric(float64(m.CPU.Nanoseconds())/1000, name+"-cpu-µs/event")
+		b.ReportMetric(m.Published, name+"-published/s")
+		if l != Shaped {
+			b.ReportMetric(res.Cost(l).CPU, name+"-cpu-ratio")
+		}
+	}
 }
