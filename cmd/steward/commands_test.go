@@ -630,7 +630,7 @@ func TestBenchCommand(t *testing.T) {
 		"raw validating DoubleAck, plain stream", "raw Ack, STEWARD_EVENTS-shaped", "raw Ack, shaped, no stored notices",
 		"raw Ack, shaped, no Nats-Msg-Id", "raw Ack, shaped, headers cut to the ids", "events/s", "published", "/event", "handler p50",
 		"settled p50", "runtime / raw Ack throughput: ", "runtime / raw DoubleAck p99 settled: ",
-		"runtime / validating raw DoubleAck p99 handler: ", "raw Ack against itself on STEWARD_EVENTS-shaped: ", "  shaped, no stored notices", " consume ", " publish ", " CPU ",
+		"runtime / validating raw DoubleAck p99 handler: ", "raw Ack against itself on STEWARD_EVENTS-shaped: ", "  shaped, no stored notices", " consume ", " publish ", " p99 handler ", " CPU ",
 		"published as 2000 events/s"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Fatalf("bench output lacks %q:\n%s", want, r.stdout)

@@ -51,7 +51,7 @@ func TestRunMeasuresEveryPath(t *testing.T) {
 		t.Fatalf("ratios %v, %v, %v and %v", res.Ratio(), res.ShapedRatio(), res.ValidatingHandlerRatio(), res.ExternalHandlerRatio())
 	}
 	for _, l := range []Layout{Plain, ShapedNoNotices, ShapedNoMsgID, ShapedSmallHeaders} {
-		if c := res.Cost(l); c.Consume <= 0 || c.Publish <= 0 || (cpu && c.CPU <= 0) {
+		if c := res.Cost(l); c.Consume <= 0 || c.Publish <= 0 || c.Handler <= 0 || (cpu && c.CPU <= 0) {
 			t.Fatalf("%s: cost %+v", l, c)
 		}
 	}

@@ -112,6 +112,9 @@ type Cost struct {
 	// Consume and Publish are the layout's rates as multiples of the
 	// shaped stream's: above 1, what it switches off slows the shaped one.
 	Consume, Publish float64
+	// Handler is the layout's p99 publish-to-handler as a fraction of the
+	// shaped stream's: what the cost does to latency at a steady rate.
+	Handler float64
 	// CPU is the layout's CPU per event as a fraction of the shaped
 	// stream's: below 1, what it switches off costs the shaped one CPU.
 	// On a shared machine it is the steadier figure: the rates move with
@@ -123,7 +126,7 @@ type Cost struct {
 func (r Round) Cost(l Layout) Cost {
 	m, base := r.ack(l), r.ack(Shaped)
 	return Cost{Consume: ratio(m.PerSecond, base.PerSecond), Publish: ratio(m.Published, base.Published),
-		CPU: ratio(float64(m.CPU), float64(base.CPU))}
+		Handler: ratio(float64(m.Handler.P99), float64(base.Handler.P99)), CPU: ratio(float64(m.CPU), float64(base.CPU))}
 }
 
 func ratio(a, b float64) float64 {
@@ -174,6 +177,7 @@ func (r Result) Cost(l Layout) Cost {
 	return Cost{
 		Consume: r.median(func(x Round) float64 { return x.Cost(l).Consume }),
 		Publish: r.median(func(x Round) float64 { return x.Cost(l).Publish }),
+		Handler: r.median(func(x Round) float64 { return x.Cost(l).Handler }),
 		CPU:     r.median(func(x Round) float64 { return x.Cost(l).CPU }),
 	}
 }
@@ -250,10 +254,10 @@ func (r Result) String() string {
 		out += fmt.Sprintf("runtime / %s p99 handler: %.2f\n", r.ExternalName, r.ExternalHandlerRatio())
 	}
 	if costs := r.costsRun(); len(costs) > 0 {
-		out += fmt.Sprintf("raw Ack against itself on %s: rates as multiples of its, CPU per event as a fraction of its\n", Shaped)
+		out += fmt.Sprintf("raw Ack against itself on %s: rates as multiples of its, p99 handler and CPU per event as fractions of its\n", Shaped)
 		for _, l := range costs {
 			c := r.Cost(l)
-			out += fmt.Sprintf("  %-32s consume %.2f   publish %.2f   CPU %.2f\n", l, c.Consume, c.Publish, c.CPU)
+			out += fmt.Sprintf("  %-32s consume %.2f   publish %.2f   p99 handler %.2f   CPU %.2f\n", l, c.Consume, c.Publish, c.Handler, c.CPU)
 		}
 	}
 	if len(r.Rounds) > 1 {
