@@ -55,7 +55,7 @@ machine is shared and absolute figures drift.`,
 					return err
 				}
 				defer os.RemoveAll(dir)
-				program, err := bench.Program(cmd.Context(), watermill, dir)
+				program, err := bench.ExternalCommand(cmd.Context(), watermill, dir)
 				if err != nil {
 					return fmt.Errorf("--watermill: %w", err)
 				}

@@ -36,7 +36,9 @@
 // It then measures Options.Rounds rounds, each path once a round and the
 // first path changing from round to round, and reports the median of each
 // figure and of each round's ratios. Each path's consumer is deleted after
-// its turn, so that no path pays for an idle one left by an earlier turn.
+// its turn, so that no path pays for an idle one left by an earlier turn,
+// and the garbage is collected before each turn, so that none pays for the
+// garbage of the one before.
 package bench
 
 import (

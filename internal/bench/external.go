@@ -215,10 +215,10 @@ func readExternal(r io.Reader, events int, progress func(settled, total int)) (M
 	return Measure{}, errors.New("it printed no measure")
 }
 
-// Program is the command of an external path's program at path: path
+// ExternalCommand is the command of an external path's program at path: path
 // itself if it is a file; if it is a folder, the program `go build` makes
 // from it, put in dir.
-func Program(ctx context.Context, path, dir string) ([]string, error) {
+func ExternalCommand(ctx context.Context, path, dir string) ([]string, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("external path's program %s: %w", path, err)

@@ -134,10 +134,10 @@ func TestReadExternal(t *testing.T) {
 	}
 }
 
-// TestProgram proves an external path's program is taken as it is when it
-// is a file, built with `go build` when it is a folder, and refused, named,
-// when it is neither or does not build.
-func TestProgram(t *testing.T) {
+// TestExternalCommand proves an external path's program is taken as it is
+// when it is a file, built with `go build` when it is a folder, and refused,
+// named, when it is neither or does not build.
+func TestExternalCommand(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Fatalf("no go command: %v", err)
 	}
@@ -146,10 +146,10 @@ func TestProgram(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cmd, err := Program(ctx, bin, t.TempDir()); err != nil || len(cmd) != 1 || cmd[0] != bin {
+	if cmd, err := ExternalCommand(ctx, bin, t.TempDir()); err != nil || len(cmd) != 1 || cmd[0] != bin {
 		t.Fatalf("a file: %v, %v", cmd, err)
 	}
-	if _, err := Program(ctx, "no/such/program", t.TempDir()); err == nil || !strings.Contains(err.Error(), "no/such/program") {
+	if _, err := ExternalCommand(ctx, "no/such/program", t.TempDir()); err == nil || !strings.Contains(err.Error(), "no/such/program") {
 		t.Fatalf("a missing path: %v", err)
 	}
 	src := t.TempDir()
@@ -160,7 +160,7 @@ func TestProgram(t *testing.T) {
 	}
 	write("go.mod", "module example.com/external\n\ngo 1.22\n")
 	write("main.go", "package main\n\nimport \"fmt\"\n\nfunc main() { fmt.Print(\"built\") }\n")
-	cmd, err := Program(ctx, src, t.TempDir())
+	cmd, err := ExternalCommand(ctx, src, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +169,7 @@ func TestProgram(t *testing.T) {
 		t.Fatalf("the built program: %q, %v", out, err)
 	}
 	write("main.go", "package main\n\nfunc main() { undefined() }\n")
-	if _, err := Program(ctx, src, t.TempDir()); err == nil || !strings.Contains(err.Error(), "go build in "+src) || !strings.Contains(err.Error(), "undefined") {
+	if _, err := ExternalCommand(ctx, src, t.TempDir()); err == nil || !strings.Contains(err.Error(), "go build in "+src) || !strings.Contains(err.Error(), "undefined") {
 		t.Fatalf("a folder that does not build: %v", err)
 	}
 }
