@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -11,28 +12,54 @@ import (
 )
 
 func newBenchCmd(g *globals) *cobra.Command {
-	var o bench.Options
+	var (
+		o         bench.Options
+		watermill string
+	)
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Measure the runtime against raw JetStream consumers on an embedded server",
+		Short: "Measure the runtime against raw JetStream consumers and Watermill on an embedded server",
 		Long: `Start an embedded NATS server with JetStream (its store in a temporary folder)
 and publish --events events, as one burst or at --rate events per second,
-through four paths in turn: a no-op worker run by the runtime (every event
-reaches the handler, is checkpointed and its ack confirmed), a plain pull
-consumer that acks fire-and-forget, one that confirms each ack serially
-(DoubleAck), and the same serial consumer decoding and validating each event
-before its handler as every worker does. Each path first gets a short
-unmeasured burst, so none pays for the process's cold start; then --rounds
-rounds measure each path once, the first path changing from round to round.
-For each path it prints events per second, the p50 and p99 of two latencies,
-publish to the handler and publish to settled, and the process's CPU time
-per event (medians over the rounds), then the ratios the targets are stated
-in (the medians of each round's own) and each round's. Compare figures
-within one run only: the machine is shared and absolute figures drift.`,
+through each path in turn: a no-op worker run by the runtime on the streams
+` + "`steward setup`" + ` makes (every event reaches the handler, is checkpointed and its
+ack confirmed); on a plain stream, made as a nats.go user makes one (subjects
+and file storage), a pull consumer that acks fire-and-forget, one that
+confirms each ack serially (DoubleAck), and the same serial consumer decoding
+and validating each event before its handler as every worker does; and the
+fire-and-forget consumer on a stream laid out as STEWARD_EVENTS is, stored
+notices included. --stream-costs adds that consumer on the STEWARD_EVENTS
+layout with one of its costs switched off at a time (the stored notices, the
+Nats-Msg-Id the duplicate window tracks, the CloudEvents headers).
+--watermill adds Watermill's JetStream subscriber (watermill-nats v2, AckSync)
+on the plain stream, run by its own program: the folder of its module
+(internal/bench/watermill in a checkout, built first with go build) or the
+program built from it.
+
+Each path first gets a short unmeasured burst, so none pays for the process's
+cold start; then --rounds rounds measure each path once, the first path
+changing from round to round. For each path it prints events per second
+consumed and published, the p50 and p99 of two latencies, publish to the
+handler and publish to settled, and the CPU time per event (medians over the
+rounds), then the ratios the targets are stated in (the medians of each
+round's own) and each round's. Compare figures within one run only: the
+machine is shared and absolute figures drift.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.Rounds < 1 {
 				return fmt.Errorf("--rounds %d: want at least 1", o.Rounds)
+			}
+			if watermill != "" {
+				dir, err := os.MkdirTemp("", "steward-bench-watermill-")
+				if err != nil {
+					return err
+				}
+				defer os.RemoveAll(dir)
+				program, err := bench.ExternalCommand(cmd.Context(), watermill, dir)
+				if err != nil {
+					return fmt.Errorf("--watermill: %w", err)
+				}
+				o.External = &bench.External{Name: "Watermill AckSync, plain stream", Command: program}
 			}
 			out := cmd.OutOrStdout()
 			mode := "as one burst"
@@ -57,6 +84,8 @@ within one run only: the machine is shared and absolute figures drift.`,
 	fs.IntVar(&o.Concurrency, "concurrency", workers.DefaultConcurrency, "the runtime's concurrency (keys handled at once)")
 	fs.IntVar(&o.Rate, "rate", 0, "publish at this many events per second instead of one burst")
 	fs.IntVar(&o.Rounds, "rounds", 3, "how many times each path is measured; the report gives the medians")
+	fs.BoolVar(&o.StreamCosts, "stream-costs", false, "add the fire-and-forget consumer on the STEWARD_EVENTS layout with its stored notices, its Nats-Msg-Id and its CloudEvents headers switched off in turn")
+	fs.StringVar(&watermill, "watermill", "", "add Watermill's JetStream subscriber (AckSync), run by the program at this path or built from the module in this folder (internal/bench/watermill)")
 	fs.DurationVar(&o.Timeout, "timeout", 5*time.Minute, "give up on a path after this long")
 	cmd.AddCommand(newBenchFleetCmd(g), newBenchFleetServerCmd())
 	return cmd

@@ -617,16 +617,27 @@ func TestServeProcess(t *testing.T) {
 	}
 }
 
-// TestBenchCommand proves `steward bench` measures the four paths and
-// prints the rates, both latencies, the CPU per event and the ratios.
+// TestBenchCommand proves `steward bench` measures every path, the stream
+// costs' too when asked, and prints the rates, both latencies, the CPU per
+// event and the ratios; and that a --watermill program that is not there
+// is refused, named, before anything is measured.
 func TestBenchCommand(t *testing.T) {
-	r := ok(t, nil, "bench", "--events", "200", "--rate", "2000", "--rounds", "1")
+	r := ok(t, nil, "bench", "--events", "200", "--rate", "2000", "--rounds", "1", "--stream-costs")
 	if !strings.Contains(r.stdout, "publishing 200 events over 64 keys at 2000 events/s through each path, 1 round...") {
 		t.Fatalf("bench counts its rounds wrong:\n%s", r.stdout)
 	}
-	for _, want := range []string{"runtime (no-op worker)", "raw consumer, Ack", "raw consumer, serial DoubleAck", "raw consumer, validating DoubleAck", "events/s", "/event", "handler p50", "settled p50", "runtime / raw Ack throughput: ", "runtime / raw DoubleAck p99 settled: ", "runtime / validating raw DoubleAck p99 handler: ", "published as 2000 events/s"} {
+	for _, want := range []string{"runtime (no-op worker)", "raw Ack, plain stream", "raw serial DoubleAck, plain stream",
+		"raw validating DoubleAck, plain stream", "raw Ack, STEWARD_EVENTS-shaped", "raw Ack, shaped, no stored notices",
+		"raw Ack, shaped, no Nats-Msg-Id", "raw Ack, shaped, headers cut to the ids", "events/s", "published", "/event", "handler p50",
+		"settled p50", "runtime / raw Ack throughput: ", "runtime / raw DoubleAck p99 settled: ",
+		"runtime / validating raw DoubleAck p99 handler: ", "raw Ack against itself on STEWARD_EVENTS-shaped: ", "  shaped, no stored notices", " consume ", " publish ", " p99 handler ", " CPU ",
+		"published as 2000 events/s"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Fatalf("bench output lacks %q:\n%s", want, r.stdout)
 		}
+	}
+	if r := run(t, nil, "bench", "--events", "200", "--watermill", "no/such/program"); r.code == 0 ||
+		!strings.Contains(r.stderr, "--watermill: external path's program no/such/program") || strings.Contains(r.stdout, "publishing") {
+		t.Fatalf("bench with a missing --watermill program: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
 	}
 }

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -14,44 +15,77 @@ import (
 )
 
 // TestRunMeasuresEveryPath proves a small run handles every event on each
-// of the four paths and reports sane figures: positive rates and CPU, p50
-// <= p99, elapsed time covering the latencies.
+// path, the stream costs' and an external program's included, and reports
+// sane figures: positive rates and CPU, p50 <= p99, elapsed time covering
+// the latencies.
 func TestRunMeasuresEveryPath(t *testing.T) {
-	res, err := Run(context.Background(), Options{Events: 300, Keys: 8, Timeout: time.Minute})
+	res, err := Run(context.Background(), Options{Events: 300, Keys: 8, Timeout: time.Minute, StreamCosts: true, External: testChild(t, "")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Where getrusage is missing, CPU reads zero (cpu_other.go).
 	cpu := processCPU() > 0
-	for _, p := range paths {
-		if m := *p.into(&res.Round); m.Events != 300 || m.PerSecond <= 0 || m.Handler.P50 <= 0 || m.Handler.P50 > m.Handler.P99 ||
+	ran := res.ran()
+	if len(ran) != len(allPaths("")) {
+		t.Fatalf("%d paths ran, want all %d:\n%s", len(ran), len(allPaths("")), res)
+	}
+	for _, p := range ran {
+		if m := *p.into(&res.Round); m.Events != 300 || m.PerSecond <= 0 || m.Published <= 0 || m.Handler.P50 <= 0 || m.Handler.P50 > m.Handler.P99 ||
 			m.Settled.P50 < m.Handler.P50 || m.Settled.P99 < m.Handler.P99 || m.Settled.P99 > m.Elapsed || (cpu && m.CPU <= 0) {
 			t.Fatalf("%s: %+v", p.name, m)
 		}
 	}
-	// Each path's CPU is its own stretch of the process's, so per event
-	// and summed over the paths it fits in what the process has used.
+	// Each in-process path's CPU is its own stretch of the process's, so
+	// per event and summed over the paths it fits in what the process has
+	// used (the external path's is partly its program's).
 	var spent time.Duration
-	for _, p := range paths {
-		m := *p.into(&res.Round)
-		spent += m.CPU * time.Duration(m.Events)
+	for _, p := range ran {
+		if m := *p.into(&res.Round); !p.external {
+			spent += m.CPU * time.Duration(m.Events)
+		}
 	}
 	if used := processCPU(); spent > used {
 		t.Fatalf("the paths' CPU adds up to %v, more than the %v the process has used", spent, used)
 	}
-	if res.Ratio() <= 0 || res.ValidatingHandlerRatio() <= 0 {
-		t.Fatalf("ratios %v and %v", res.Ratio(), res.ValidatingHandlerRatio())
+	if res.Ratio() <= 0 || res.ShapedRatio() <= 0 || res.ValidatingHandlerRatio() <= 0 || res.ExternalHandlerRatio() <= 0 {
+		t.Fatalf("ratios %v, %v, %v and %v", res.Ratio(), res.ShapedRatio(), res.ValidatingHandlerRatio(), res.ExternalHandlerRatio())
+	}
+	for _, l := range []Layout{Plain, ShapedNoNotices, ShapedNoMsgID, ShapedSmallHeaders} {
+		if c := res.Cost(l); c.Consume <= 0 || c.Publish <= 0 || c.Handler <= 0 || (cpu && c.CPU <= 0) {
+			t.Fatalf("%s: cost %+v", l, c)
+		}
 	}
 	report := res.String()
-	for _, p := range paths {
+	for _, want := range []string{"/event", "published", "runtime / test child p99 handler", "raw Ack against itself on STEWARD_EVENTS-shaped"} {
+		if !strings.Contains(report, want) {
+			t.Fatalf("the report leaves out %q:\n%s", want, report)
+		}
+	}
+	for _, p := range ran {
 		if !strings.Contains(report, p.name) {
 			t.Fatalf("the report leaves out %s:\n%s", p.name, report)
 		}
 	}
-	if !strings.Contains(report, "/event") {
-		t.Fatalf("the report leaves out the CPU per event:\n%s", report)
-	}
 	t.Log("\n" + res.String())
+}
+
+// TestRunLeavesOutWhatItIsNotAskedFor proves the stream costs' paths and
+// the external one are measured only when asked for: a run without them
+// names none of them.
+func TestRunLeavesOutWhatItIsNotAskedFor(t *testing.T) {
+	res, err := Run(context.Background(), Options{Events: 100, Keys: 4, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.NoNotices.Events != 0 || res.NoMsgID.Events != 0 || res.SmallHeaders.Events != 0 || res.External.Events != 0 {
+		t.Fatalf("paths not asked for ran: %+v", res.Round)
+	}
+	if res.RawAck.Events != 100 || res.ShapedAck.Events != 100 {
+		t.Fatalf("the plain and shaped raw Ack paths did not both run: %+v", res.Round)
+	}
+	if report := res.String(); strings.Contains(report, ShapedNoNotices.String()) || strings.Contains(report, "p99 handler, ") {
+		t.Fatalf("the report names paths that did not run:\n%s", report)
+	}
 }
 
 // TestRoundsReportMediansAndTheirOwnRatios proves a run of three rounds
@@ -68,7 +102,7 @@ func TestRoundsReportMediansAndTheirOwnRatios(t *testing.T) {
 	}
 	var rates, ratios, validating []float64
 	for i, r := range res.Rounds {
-		if r.Runtime.Events != 200 || r.RawAck.Events != 200 || r.RawDouble.Events != 200 || r.RawValidating.Events != 200 {
+		if r.Runtime.Events != 200 || r.RawAck.Events != 200 || r.RawDouble.Events != 200 || r.RawValidating.Events != 200 || r.ShapedAck.Events != 200 {
 			t.Fatalf("round %d: %+v", i+1, r)
 		}
 		rates, ratios = append(rates, r.Runtime.PerSecond), append(ratios, r.SettledRatio())
@@ -126,13 +160,18 @@ func TestEnvRunsAgain(t *testing.T) {
 			t.Fatalf("runtime measured %d events, want %d", m.Events, n)
 		}
 		for _, c := range []RawConsumer{Ack, DoubleAck, ValidatingDoubleAck} {
-			if m, err = env.Raw(context.Background(), Options{Events: n, Timeout: time.Minute}, c); err != nil || m.Events != n {
-				t.Fatalf("%s: %+v, %v", c, m, err)
+			if m, err = env.Raw(context.Background(), Options{Events: n, Timeout: time.Minute}, c, Plain); err != nil || m.Events != n {
+				t.Fatalf("%s: %+v, %v", rawName(c, Plain), m, err)
+			}
+		}
+		for _, l := range layouts {
+			if m, err = env.Raw(context.Background(), Options{Events: n, Timeout: time.Minute}, Ack, l); err != nil || m.Events != n {
+				t.Fatalf("%s: %+v, %v", rawName(Ack, l), m, err)
 			}
 		}
 	}
 	// Each path deleted its consumer when its turn was over.
-	for _, stream := range []string{events.StreamEvents, rawStream} {
+	for _, stream := range []string{events.StreamEvents, Plain.stream(), Shaped.stream(), ShapedNoNotices.stream()} {
 		s, err := env.pubJS.Stream(context.Background(), stream)
 		if err != nil {
 			t.Fatal(err)
@@ -159,12 +198,12 @@ func TestValidatingPathRefusesWhatDoesNotValidate(t *testing.T) {
 	defer env.Close()
 	env.spoil = func(msgs []*nats.Msg) { msgs[3].Data = []byte(`{"hive":"h3"}`) }
 	o := Options{Events: 10, Keys: 4, Timeout: 3 * time.Second}
-	if m, err := env.Raw(context.Background(), o, DoubleAck); err != nil || m.Events != 10 {
+	if m, err := env.Raw(context.Background(), o, DoubleAck, Plain); err != nil || m.Events != 10 {
 		t.Fatalf("plain DoubleAck: %+v, %v", m, err)
 	}
-	_, err = env.Raw(context.Background(), o, ValidatingDoubleAck)
+	_, err = env.Raw(context.Background(), o, ValidatingDoubleAck, Plain)
 	if err == nil || !strings.Contains(err.Error(), "9 of 10 events settled") ||
-		!strings.Contains(err.Error(), "did not validate: event "+idPrefix(env.runs)+"3") {
+		!strings.Contains(err.Error(), "did not validate: event "+env.idPrefix(env.runs)+"3") {
 		t.Fatalf("validating DoubleAck with an invalid event: %v", err)
 	}
 }
@@ -184,9 +223,46 @@ func TestRunAtASteadyRate(t *testing.T) {
 	}
 }
 
-// BenchmarkPipeline publishes b.N events through a no-op worker run by the
-// runtime and the same number through the raw Ack and serial DoubleAck
-// consumers, and reports the rates, the p99 latencies and the ratios.
+// TestStartSetsUpTheBusAsSetupDoes proves the runtime's path reads the
+// streams and bucket `steward setup` makes (events.SetupBus): they are
+// there, with its configuration, before any worker has started.
+func TestStartSetsUpTheBusAsSetupDoes(t *testing.T) {
+	env, err := Start(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	ctx := context.Background()
+	kv, err := env.pubJS.KeyValue(ctx, events.CheckpointBucket)
+	if err != nil {
+		t.Fatalf("the checkpoint bucket is not there before any worker: %v", err)
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok {
+		t.Fatalf("bucket status %T", st)
+	}
+	if got, want := bs.StreamInfo().Config.MaxBytes, int64(events.DefaultCheckpointMaxBytes); got != want {
+		t.Fatalf("checkpoint bucket max bytes %d, want setup's %d", got, want)
+	}
+	for _, want := range events.DefaultBusConfig(1).Streams.StreamConfigs() {
+		s, err := env.pubJS.Stream(ctx, want.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := s.CachedInfo().Config
+		if got.MaxConsumers != want.MaxConsumers || got.MaxBytes != want.MaxBytes || got.Duplicates != want.Duplicates ||
+			!reflect.DeepEqual(got.RePublish, want.RePublish) || got.AllowDirect != want.AllowDirect {
+			t.Fatalf("stream %s is %+v, want setup's %+v", want.Name, got, want)
+		}
+	}
+}
+
+// BenchmarkPipeline publishes b.N events through each path and reports
+// the rates, the runtime's p99 settled and its ratio to plain raw Ack.
 // Run it with a fixed count: go test -bench Pipeline -benchtime 20000x ./internal/bench
 func BenchmarkPipeline(b *testing.B) {
 	res, err := Run(context.Background(), Options{Events: b.N})
@@ -196,6 +272,7 @@ func BenchmarkPipeline(b *testing.B) {
 	b.ReportMetric(res.Runtime.PerSecond, "events/s")
 	b.ReportMetric(res.RawAck.PerSecond, "raw-ack-events/s")
 	b.ReportMetric(res.RawDouble.PerSecond, "raw-double-events/s")
+	b.ReportMetric(res.ShapedAck.PerSecond, "shaped-ack-events/s")
 	b.ReportMetric(float64(res.Runtime.Settled.P99.Microseconds())/1000, "settled-p99-ms")
 	b.ReportMetric(res.Ratio(), "ratio")
 }
@@ -213,29 +290,49 @@ func BenchmarkSteady(b *testing.B) {
 	b.ReportMetric(res.HandlerRatio(), "handler-ratio")
 }
 
-// TestRawStreamIsLaidOutAsTheEventsStream compares the two streams as the
-// server holds them: apart from their names, subjects and where their
-// stored notices go, the raw paths read a stream configured as the
-// runtime's, so the server's work per event is the same on every path.
-func TestRawStreamIsLaidOutAsTheEventsStream(t *testing.T) {
+// BenchmarkStreamCosts measures the raw Ack consumer alone on each layout,
+// b.N events a turn, in 6 rounds whose first layout changes from round to
+// round, and reports each layout's median CPU per event and publish rate:
+// with no other path between them, more rounds fit in the same time than
+// `steward bench --stream-costs` takes, and on a shared machine the CPU per
+// event is what steadies with rounds. Run it with a fixed count:
+// go test -run '^$' -bench StreamCosts -benchtime 10000x ./internal/bench
+func BenchmarkStreamCosts(b *testing.B) {
 	env, err := Start(context.Background())
 	if err != nil {
-		t.Fatal(err)
+		b.Fatal(err)
 	}
 	defer env.Close()
-	config := func(name string) jetstream.StreamConfig {
-		s, err := env.pubJS.Stream(context.Background(), name)
-		if err != nil {
-			t.Fatal(err)
+	o := Options{Events: b.N, Timeout: 5 * time.Minute}
+	rounds := make([]Round, 6)
+	for _, l := range layouts {
+		if _, err := env.Raw(context.Background(), Options{Events: min(warmUpEvents, b.N), Timeout: o.Timeout}, Ack, l); err != nil {
+			b.Fatal(err)
 		}
-		cfg := s.CachedInfo().Config
-		if cfg.RePublish == nil || !cfg.RePublish.HeadersOnly {
-			t.Fatalf("%s republishes %+v, want its stored notices, headers only", name, cfg.RePublish)
-		}
-		cfg.Name, cfg.Subjects, cfg.Description, cfg.RePublish = "", nil, "", nil
-		return cfg
 	}
-	if ev, raw := config(events.StreamEvents), config(rawStream); !reflect.DeepEqual(ev, raw) {
-		t.Fatalf("the raw stream differs from %s:\n%+v\n%+v", events.StreamEvents, raw, ev)
+	for i := range rounds {
+		for j := range layouts {
+			l := layouts[(i+j)%len(layouts)]
+			runtime.GC()
+			m, err := env.Raw(context.Background(), o, Ack, l)
+			if err != nil {
+				b.Fatal(err)
+			}
+			*rounds[i].ack(l) = m
+		}
+	}
+	res := Result{Rounds: rounds}
+	for _, l := range layouts {
+		ms := make([]Measure, len(rounds))
+		for i := range rounds {
+			ms[i] = *rounds[i].ack(l)
+		}
+		m := medianMeasure(ms)
+		name := strings.NewReplacer(" ", "-", ",", "", "STEWARD_EVENTS-", "").Replace(l.String())
+		b.ReportMetric(float64(m.CPU.Nanoseconds())/1000, name+"-cpu-µs/event")
+		b.ReportMetric(m.Published, name+"-published/s")
+		if l != Shaped {
+			b.ReportMetric(res.Cost(l).CPU, name+"-cpu-ratio")
+		}
 	}
 }

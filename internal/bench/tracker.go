@@ -1,0 +1,87 @@
+package bench
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// tracker records when each event was published, first handled and
+// settled.
+type tracker struct {
+	prefix string
+	// cpu is the process's CPU time when the first event went out.
+	cpu time.Duration
+	// published is when the last publish ack came back (Unix ns).
+	published atomic.Int64
+	sent      []atomic.Int64
+	handled   []atomic.Int64
+	settled   []atomic.Int64
+	done      atomic.Int64
+	all       chan struct{}
+}
+
+func newTracker(prefix string, n int) *tracker {
+	return &tracker{prefix: prefix, sent: make([]atomic.Int64, n), handled: make([]atomic.Int64, n),
+		settled: make([]atomic.Int64, n), all: make(chan struct{})}
+}
+
+func (t *tracker) index(id string) (int, bool) {
+	i, err := strconv.Atoi(strings.TrimPrefix(id, t.prefix))
+	return i, err == nil && i >= 0 && i < len(t.handled)
+}
+
+// handle notes the first handling of an event: a redelivery is not a
+// second one.
+func (t *tracker) handle(id string) {
+	if i, ok := t.index(id); ok {
+		t.handled[i].CompareAndSwap(0, time.Now().UnixNano())
+	}
+}
+
+// settle notes that an event's ack is confirmed; the run ends when every
+// event is.
+func (t *tracker) settle(id string) {
+	i, ok := t.index(id)
+	if ok && t.settled[i].CompareAndSwap(0, time.Now().UnixNano()) && t.done.Add(1) == int64(len(t.settled)) {
+		close(t.all)
+	}
+}
+
+func distribution(lat []time.Duration) Latency {
+	slices.Sort(lat)
+	n := len(lat)
+	return Latency{P50: lat[n*50/100], P99: lat[min(n*99/100, n-1)]}
+}
+
+func (t *tracker) measure() Measure {
+	n := len(t.sent)
+	handler, settled := make([]time.Duration, n), make([]time.Duration, n)
+	first, last := t.sent[0].Load(), int64(0)
+	for i := range n {
+		s, h, d := t.sent[i].Load(), t.handled[i].Load(), t.settled[i].Load()
+		handler[i], settled[i] = time.Duration(h-s), time.Duration(d-s)
+		first, last = min(first, s), max(last, d)
+	}
+	elapsed, publishing := time.Duration(last-first), time.Duration(t.published.Load()-first)
+	return Measure{
+		Events: n, Elapsed: elapsed, PerSecond: float64(n) / elapsed.Seconds(),
+		Published: float64(n) / publishing.Seconds(),
+		Handler:   distribution(handler), Settled: distribution(settled),
+		CPU: (processCPU() - t.cpu) / time.Duration(n),
+	}
+}
+
+// Marks is what an external path's consumer reports (ExternalMain), by the
+// event's id, its ce-id header: when the event reached its handler, and when
+// its ack was confirmed. Both are safe to call from any goroutine, and a
+// second call for the same event is not counted.
+type Marks struct{ t *tracker }
+
+// Handled notes that the event reached its handler.
+func (m Marks) Handled(id string) { m.t.handle(id) }
+
+// Settled notes that the event's ack is confirmed.
+func (m Marks) Settled(id string) { m.t.settle(id) }
