@@ -59,5 +59,6 @@ within one run only: the machine is shared and absolute figures drift.`,
 	fs.IntVar(&o.Rounds, "rounds", 3, "how many times each path is measured; the report gives the medians")
 	fs.DurationVar(&o.Timeout, "timeout", 5*time.Minute, "give up on a path after this long")
 	cmd.AddCommand(newBenchFleetCmd(g), newBenchFleetServerCmd())
+	cmd.AddCommand(newBenchMemoryCmd(g))
 	return cmd
 }
