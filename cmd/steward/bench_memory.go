@@ -43,8 +43,8 @@ func newBenchMemoryCmd(_ *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "memory",
 		Short: "Measure the resident memory of steward dev and of one worker at rest",
-		Long: `Start this binary as ` + "`steward dev`" + ` with a --dir of its own (a new temporary
-folder unless --dir is given) on free ports, wait until it prints that it is
+		Long: `Start this binary as ` + "`steward dev`" + ` in a folder of its own (a new temporary
+one unless --dir is given) on free ports, wait until it prints that it is
 running, wait --settle, and read its resident memory from /proc (VmRSS, and
 how much of it is anonymous and how much is file-backed: the binary's own
 pages) and its Go heap from its /metrics. It does it twice: the first start,
@@ -55,8 +55,9 @@ the same way. dev's PostgreSQL is a process of its own and is not counted.
 The nats contexts dev writes go to the folder's config/, never the user's.
 
 Figures are in MB of 10^6 bytes, beside the targets (--dev-target,
---worker-target). Linux only: it reads /proc. STEWARD_* variables are not
-passed on, so what is measured is the defaults; GODEBUG and OTEL_* are.`,
+--worker-target). Linux only: it reads /proc. STEWARD_* and NATS_CONTEXT
+are not passed on, so what is measured is the defaults; GODEBUG and OTEL_*
+are.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.settle < 0 || o.timeout <= 0 {
@@ -97,22 +98,11 @@ type memoryRow struct {
 
 // runBenchMemory measures dev's first and warm start, then one worker.
 func runBenchMemory(ctx context.Context, o memoryOptions) (rows []memoryRow, err error) {
-	dir := o.dir
-	if dir == "" {
-		if dir, err = os.MkdirTemp("", "steward-bench-memory-"); err != nil {
-			return nil, err
-		}
-		// dev's PostgreSQL runs as the postgres user when this runs as
-		// root, and must be let through to its cluster under dir.
-		if err := os.Chmod(dir, 0o711); err != nil {
-			return nil, err
-		}
-		if !o.keepDir {
-			defer os.RemoveAll(dir)
-		} else {
-			defer o.progress("kept %s", dir)
-		}
+	dir, cleanup, err := memoryBenchDir(o)
+	if err != nil {
+		return nil, fmt.Errorf("the bench's folder: %w", err)
 	}
+	defer cleanup()
 	ports, err := freePorts(3)
 	if err != nil {
 		return nil, fmt.Errorf("free ports: %w", err)
@@ -125,7 +115,11 @@ func runBenchMemory(ctx context.Context, o memoryOptions) (rows []memoryRow, err
 			"--http-listen", fmt.Sprintf("127.0.0.1:%d", o.httpPort))
 	}
 	devMetrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", o.httpPort)
-	for n, name := range []string{"dev, first start", "dev, warm start"} {
+	starts := []string{"dev, first start", "dev, warm start"}
+	if _, err := os.Stat(filepath.Join(dir, "dev")); err == nil {
+		starts[0] = "dev, warm start"
+	}
+	for n, name := range starts {
 		p, err := dev(n + 1)
 		if err != nil {
 			return nil, err
@@ -163,6 +157,27 @@ func runBenchMemory(ctx context.Context, o memoryOptions) (rows []memoryRow, err
 		return nil, fmt.Errorf("worker credential: %w", err)
 	}
 	return append(rows, memoryRow{name: "worker credential, alone", target: o.workerTarget, mem: m}), nil
+}
+
+// memoryBenchDir is --dir, made if missing, or a new temporary folder that
+// cleanup removes unless --keep-dir. Both are 0711: dev's PostgreSQL runs
+// as the postgres user when the bench runs as root, and must be let
+// through to its cluster below.
+func memoryBenchDir(o memoryOptions) (dir string, cleanup func(), err error) {
+	if o.dir != "" {
+		return o.dir, func() {}, os.MkdirAll(o.dir, 0o711)
+	}
+	if dir, err = os.MkdirTemp("", "steward-bench-memory-"); err != nil {
+		return "", nil, err
+	}
+	if err := os.Chmod(dir, 0o711); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	if o.keepDir {
+		return dir, func() { o.progress("kept %s", dir) }, nil
+	}
+	return dir, func() { os.RemoveAll(dir) }, nil
 }
 
 // startBenchWorker starts the credential worker alone as dev's instance
