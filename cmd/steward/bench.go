@@ -88,5 +88,6 @@ machine is shared and absolute figures drift.`,
 	fs.StringVar(&watermill, "watermill", "", "add Watermill's JetStream subscriber (AckSync), run by the program at this path or built from the module in this folder (internal/bench/watermill)")
 	fs.DurationVar(&o.Timeout, "timeout", 5*time.Minute, "give up on a path after this long")
 	cmd.AddCommand(newBenchFleetCmd(g), newBenchFleetServerCmd())
+	cmd.AddCommand(newBenchMemoryCmd(g))
 	return cmd
 }

@@ -45,13 +45,7 @@ func TestMain(m *testing.M) {
 // cleanEnv is this process's environment without STEWARD_* variables, so
 // a developer's shell does not leak into the tests, plus extra.
 func cleanEnv(extra ...string) []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, envPrefix) && !strings.HasPrefix(kv, "XDG_CONFIG_HOME=") && !strings.HasPrefix(kv, "NATS_CONTEXT=") {
-			env = append(env, kv)
-		}
-	}
-	return append(append(env, "XDG_CONFIG_HOME="+configHome), extra...)
+	return append(isolatedEnv(configHome), extra...)
 }
 
 type result struct {

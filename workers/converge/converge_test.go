@@ -374,6 +374,30 @@ func TestDev(t *testing.T) {
 	}
 }
 
+// A start whose releases are signed already never opens the release key
+// (its scrypt costs 64 MiB); one that must sign again does, and says so
+// when it cannot.
+func TestDevOpensTheReleaseKeyOnlyToSign(t *testing.T) {
+	dir := t.TempDir()
+	if _, _, err := Dev(context.Background(), dir); err != nil {
+		t.Fatal(err)
+	}
+	privPath := filepath.Join(dir, "keys", "cosign.key")
+	if err := os.WriteFile(privPath, []byte("not a key"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := Dev(context.Background(), dir); err != nil {
+		t.Fatalf("a start with every release signed opened the key: %v", err)
+	}
+	if err := os.Remove(filepath.Join(dir, "registry", "1.2.0", BundleFile)); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := Dev(context.Background(), dir)
+	if err == nil || !strings.Contains(err.Error(), privPath) {
+		t.Fatalf("a start that must sign 1.2.0 again with an unreadable key: %v", err)
+	}
+}
+
 // After a crash the exec runner cannot reattach to its command: the
 // checkpointed execution is reported as unknown and failed, never run again.
 func TestExecRunnerUnknownExecutionAfterCrash(t *testing.T) {

@@ -33,27 +33,38 @@ const legacyCosignKeyPEMType = "ENCRYPTED COSIGN PRIVATE KEY"
 // cosign allows), pubPath (0644) as PEM PKIX. Existing files are refused,
 // so a key in use is never replaced by accident.
 func GenerateCosignKeyPair(privPath, pubPath string, password []byte) error {
+	_, err := generateCosignKeyPair(privPath, pubPath, password)
+	return err
+}
+
+// generateCosignKeyPair is GenerateCosignKeyPair returning the key it
+// wrote, so a caller that signs with it next need not open the file again
+// (scrypt, 64 MiB for a moment).
+func generateCosignKeyPair(privPath, pubPath string, password []byte) (crypto.Signer, error) {
 	for _, p := range []string{privPath, pubPath} {
 		if _, err := os.Lstat(p); err == nil {
-			return fmt.Errorf("%s exists; remove it first if you mean to replace that key", p)
+			return nil, fmt.Errorf("%s exists; remove it first if you mean to replace that key", p)
 		}
 	}
 	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	privPEM, err := MarshalCosignKey(priv, password)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	pubPEM, err := cryptoutils.MarshalPublicKeyToPEM(priv.Public())
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := atomicfile.Write(privPath, privPEM, 0o600); err != nil {
-		return err
+		return nil, err
 	}
-	return atomicfile.Write(pubPath, pubPEM, 0o644)
+	if err := atomicfile.Write(pubPath, pubPEM, 0o644); err != nil {
+		return nil, err
+	}
+	return priv, nil
 }
 
 // MarshalCosignKey seals priv in cosign's encrypted private key format.

@@ -2,6 +2,7 @@ package converge
 
 import (
 	"context"
+	"crypto"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -129,17 +130,19 @@ func DevFrom(ctx context.Context, dir string, st DevState) (Config, []string, er
 	if err := os.MkdirAll(reg, 0o755); err != nil {
 		return Config{}, nil, fmt.Errorf("converge dev: %w", err)
 	}
+	// The private key is opened only when a release has to be signed:
+	// cosign's format seals it with scrypt, whose 64 MiB would otherwise
+	// be allocated on every start for releases that are already signed,
+	// and stay resident in an idle dev until the next collection.
+	var signer crypto.Signer
 	switch privOK, pubOK := fileExists(priv), fileExists(pub); {
 	case !privOK && !pubOK:
-		if err := GenerateCosignKeyPair(priv, pub, nil); err != nil {
+		var err error
+		if signer, err = generateCosignKeyPair(priv, pub, nil); err != nil {
 			return Config{}, nil, fmt.Errorf("converge dev: release key: %w", err)
 		}
 	case privOK != pubOK:
 		return Config{}, nil, fmt.Errorf("converge dev: only one of %s and %s exists; remove it so a matching pair is made", priv, pub)
-	}
-	signer, err := LoadReleaseSigner(priv, nil)
-	if err != nil {
-		return Config{}, nil, fmt.Errorf("converge dev: %w", err)
 	}
 	key, err := signing.LoadPublicKey(pub)
 	if err != nil {
@@ -156,6 +159,11 @@ func DevFrom(ctx context.Context, dir string, st DevState) (Config, []string, er
 		if evd, err := (dirRegistry{root: reg}).fetch(ctx, m.Version); err == nil {
 			if _, _, err := verifyEvidence(newReleaseKeys(key), m.Version, evd); err == nil {
 				continue
+			}
+		}
+		if signer == nil {
+			if signer, err = LoadReleaseSigner(priv, nil); err != nil {
+				return Config{}, nil, fmt.Errorf("converge dev: %w", err)
 			}
 		}
 		if err := WriteBundleRelease(reg, signer, m); err != nil {
