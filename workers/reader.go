@@ -47,10 +47,10 @@ func (m ReadMode) String() string {
 	return "consumer"
 }
 
-// DefaultResync is how often a stream-reading instance reads its subjects
+// defaultResync is how often a stream-reading instance reads its subjects
 // again with nothing to wake it: what covers a wake-up lost while the
 // connection was down. A reconnect reads them at once too.
-const DefaultResync = 5 * time.Minute
+const defaultResync = 5 * time.Minute
 
 // cursorKey is where an instance's cursor is kept (events.CursorKey).
 func (w *Runtime) cursorKey() string { return events.CursorKey(w.spec.Name, w.spec.Instance) }

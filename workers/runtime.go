@@ -2,7 +2,6 @@ package workers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -136,8 +135,14 @@ type held struct {
 
 // New checks spec and the options and returns a Runtime ready to Run. It
 // creates nothing on the server: Run (through Ensure) does.
-func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts ...Option) (*Runtime, error) {
-	o := defaultOptions()
+func New(js jetstream.JetStream, spec Spec, h Handler, opts ...Option) (*Runtime, error) {
+	return newRuntime(js, spec, h, defaultOptions(), opts)
+}
+
+// newRuntime applies opts over o, checks spec and the options, fills in
+// what they leave unset and builds the Runtime: the one place New and
+// NewReplayer take their defaults from.
+func newRuntime(js jetstream.JetStream, spec Spec, h Handler, o options, opts []Option) (*Runtime, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -225,9 +230,6 @@ func (w *Runtime) Ensure(ctx context.Context) error {
 	return nil
 }
 
-// ErrInvalidSpec marks a Spec or options New refuses: no retry fixes it.
-var ErrInvalidSpec = errors.New("invalid worker spec")
-
 func checkSpec(spec Spec, o options) error {
 	if err := events.CheckKey(spec.Name); err != nil {
 		return fmt.Errorf("%w: worker name: %v", ErrInvalidSpec, err)
@@ -277,6 +279,13 @@ func (w *Runtime) Ready() error {
 		return fmt.Errorf("worker %s: NATS is %s", w.consumerName(), nc.Status())
 	}
 	return nil
+}
+
+// storeBound says whether the instance's store is bound to the bucket.
+func (w *Runtime) storeBound() bool {
+	w.storeMu.Lock()
+	defer w.storeMu.Unlock()
+	return w.store != nil
 }
 
 // bindStore makes the instance's store over kv, once.

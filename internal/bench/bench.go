@@ -527,7 +527,7 @@ func (e *Env) Runtime(ctx context.Context, o Options) (Measure, error) {
 	if err := e.purge(ctx, events.StreamEvents); err != nil {
 		return Measure{}, err
 	}
-	w, err := workers.New(ctx, e.subJS, spec, workers.HandlerFunc(func(_ context.Context, d *workers.Delivery) error {
+	w, err := workers.New(e.subJS, spec, workers.HandlerFunc(func(_ context.Context, d *workers.Delivery) error {
 		t.handle(d.Event.ID())
 		return nil
 	}), opts...)

@@ -178,7 +178,7 @@ type Running struct {
 func Start(t testing.TB, js jetstream.JetStream, spec workers.Spec, h workers.Handler, opts ...workers.Option) *Running {
 	t.Helper()
 	opts = append([]workers.Option{workers.WithRegisterer(prometheus.NewRegistry()), DocumentKeys(spec.Name, spec.Instance)}, opts...)
-	w, err := workers.New(context.Background(), js, spec, h, opts...)
+	w, err := workers.New(js, spec, h, opts...)
 	if err != nil {
 		t.Fatalf("worker %s: %v", spec.Name, err)
 	}
