@@ -102,7 +102,7 @@ func (w *Runtime) flush(b *batch) {
 			Msg("the checkpoint of a run of settled events could not be written to " + events.CheckpointBucket +
 				" (is it reachable, and within its limits?); nothing of the run is acked, and it is recorded again after a backoff, not handled again")
 		for _, h := range b.events {
-			w.requeue(b.lane, h, err)
+			w.queue.retry(b.lane, h, err)
 		}
 	} else {
 		w.ackRun(b.events)

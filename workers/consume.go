@@ -142,7 +142,8 @@ func (w *Runtime) accept(msg jetstream.Msg) (run func()) {
 		// Nothing a retry can fix: straight to the DLQ, off the key lanes
 		// (an event that does not decode has no key).
 		h.key = "invalid"
-		w.hold(h)
+		w.queue.hold(h)
+		w.m.inFlight.Inc()
 		w.tasks.Add(1)
 		w.runners.run(func() {
 			defer w.tasks.Done()
@@ -159,36 +160,14 @@ func (w *Runtime) accept(msg jetstream.Msg) (run func()) {
 		h.deadReason = fmt.Errorf("delivered %d times and never settled: every process that took it stopped before it did (a crash loop), so it is set aside", h.delivered)
 	}
 
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if prev, ok := w.held[h.seq]; ok {
-		if l := w.lanes[prev.lane]; l != nil {
-			if i := l.indexOf(h.seq); i >= 0 && l.queue[i] == prev {
-				// Redelivered while still queued here: keep the newer
-				// delivery, and what this process knows of the event.
-				h.attempts, h.panics, h.backoff, h.retryAt = prev.attempts, prev.panics, prev.backoff, prev.retryAt
-				h.firstFailure, h.lastError = prev.firstFailure, prev.lastError
-				h.rank, h.ranked, h.rankDone = prev.rank, prev.ranked, prev.rankDone
-				h.handled = prev.handled
-				l.queue[i] = h
-				w.held[h.seq] = h
-				return nil
-			}
-		}
-		// Redelivered while its handler runs: the running one decides.
+	added, claimed := w.queue.add(h)
+	if added {
+		w.m.inFlight.Inc()
+	}
+	if claimed == nil {
 		return nil
 	}
-	l := w.lanes[h.lane]
-	if l == nil {
-		l = newLane()
-		w.lanes[h.lane] = l
-	}
-	w.held[h.seq] = h
-	w.m.inFlight.Inc()
-	l.insert(h)
-	l.arrived(h.seq)
-	l.signal()
-	return w.claimLane(h.lane, l)
+	return w.laneRun(claimed)
 }
 
 // validate runs check on h once, in its lane, by the lane's runner on an

@@ -46,11 +46,8 @@ type Runtime struct {
 	// waiting for a retry give their events back at once.
 	stop chan struct{}
 
-	mu    sync.Mutex
-	lanes map[string]*lane
-	// held is every message the worker holds (queued, waiting or running),
-	// by stream sequence, so a redelivery of one is recognised at once.
-	held map[uint64]*held
+	// queue holds every message the worker holds, by key (keyedqueue.go).
+	queue *keyedQueue
 	// cps caches the checkpoint each lane last read or wrote, so an
 	// event that follows another of its key costs no read (checkpoint.go).
 	cps cpCache
@@ -165,14 +162,13 @@ func newRuntime(js jetstream.JetStream, spec Spec, h Handler, o options, opts []
 	w := &Runtime{
 		ephemeralKey: ephemeral,
 		js:           js, spec: spec, handler: h, o: o,
-		lanes:   map[string]*lane{},
-		held:    map[uint64]*held{},
 		cps:     newCPCache(cpCacheSize),
 		sem:     make(chan struct{}, o.concurrency),
 		runners: newRunners(),
 		stop:    make(chan struct{}),
 		m:       newMetrics(o.registerer).forInstance(spec.Name, spec.Instance),
 	}
+	w.queue = newKeyedQueue(spec.Rank != nil, o.now, o.newBackoff, &w.stopping, &w.tasks)
 	w.log = o.logger.With().Str("worker", spec.Name).Str("instance", spec.Instance).Logger()
 	tp := o.tracerProvider
 	if tp == nil {
