@@ -3,11 +3,8 @@ package workers
 import (
 	"context"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
-	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
@@ -84,7 +81,7 @@ func (w *Runtime) serve(ctx context.Context, readerDone chan struct{}, readErr *
 	w.releaseQueued()
 
 	finished := make(chan struct{})
-	go func() { w.tasks.Wait(); w.acks.Wait(); close(finished) }()
+	go func() { w.tasks.Wait(); w.settler.acks.Wait(); close(finished) }()
 	select {
 	case <-finished:
 	case <-time.After(w.o.shutdownGrace):
@@ -114,14 +111,14 @@ func (w *Runtime) accept(msg jetstream.Msg) (run func()) {
 	}
 	h := &held{msg: msg, seq: meta.Sequence.Stream, delivered: meta.NumDelivered, received: w.now()}
 	if w.stopping.Load() {
-		w.release(h)
+		w.settler.release(h)
 		return nil
 	}
 	if last := w.lastConsumerSeq; last != 0 && meta.Sequence.Consumer != 0 && meta.Sequence.Consumer != last+1 {
 		// Deliveries went elsewhere: another process of this instance,
 		// or a pull lost on a reconnect. Checkpoints cached here may be
 		// stale and an earlier event of a key may be held elsewhere.
-		w.epoch.Add(1)
+		w.cps.gap()
 	}
 	w.lastConsumerSeq = meta.Sequence.Consumer
 	// What the server says with every delivery costs no request.
@@ -148,7 +145,7 @@ func (w *Runtime) accept(msg jetstream.Msg) (run func()) {
 		w.runners.run(func() {
 			defer w.tasks.Done()
 			defer w.unhold(h)
-			w.deadLetter(h, Permanent(err), w.log.With().Uint64("seq", h.seq).Logger())
+			w.settler.deadLetter(h, Permanent(err), w.log.With().Uint64("seq", h.seq).Logger())
 		})
 		return nil
 	}
@@ -188,28 +185,4 @@ func (h *held) setValidity(err error) {
 		h.deadReason, h.invalid, h.key = err, true, "invalid"
 		h.rankDone, h.ranked = true, false
 	}
-}
-
-// check is the runtime's validation: the shared event validation, a type
-// this worker handles, and for keyed subjects a subject that names the
-// event's own key.
-func (w *Runtime) check(subject string, e event.Event) error {
-	if err := events.Validate(e); err != nil {
-		return err
-	}
-	if !slices.Contains(w.spec.Types, e.Type()) {
-		return fmt.Errorf("%w: worker %s does not handle type %q", events.ErrInvalid, w.spec.Name, e.Type())
-	}
-	k, _ := events.Lookup(e.Type())
-	if k.KeyInSubject && !endsInToken(subject, e.Subject()) {
-		return fmt.Errorf("%w: NATS subject %q does not end in the event's key %q", events.ErrInvalid, subject, e.Subject())
-	}
-	return nil
-}
-
-// endsInToken reports whether subject ends in "." + token, without building
-// that string for every event.
-func endsInToken(subject, token string) bool {
-	rest, ok := strings.CutSuffix(subject, token)
-	return ok && strings.HasSuffix(rest, ".")
 }

@@ -53,7 +53,7 @@ func (w *Runtime) runLane(l *lane) {
 				case w.sem <- struct{}{}:
 					slot = true
 				case <-w.handlerCtx.Done():
-					w.release(s.h)
+					w.settler.release(s.h)
 					w.unhold(s.h)
 					continue
 				}
@@ -87,7 +87,7 @@ func (w *Runtime) runHead(l *lane, h *held, b *batch) {
 // settleSuperseded settles h as superseded, or puts it back to be tried
 // again when the settling could not be recorded.
 func (w *Runtime) settleSuperseded(l *lane, h *held, byID string, bySeq uint64) {
-	if !w.supersede(h, byID, bySeq) {
+	if !w.settler.supersede(h, byID, bySeq) {
 		w.queue.retry(l, h, nil)
 		return
 	}
@@ -140,14 +140,7 @@ func (w *Runtime) unhold(h *held) {
 // for immediate redelivery.
 func (w *Runtime) releaseQueued() {
 	for _, h := range w.queue.releaseAll() {
-		w.release(h)
+		w.settler.release(h)
 		w.unhold(h)
 	}
-}
-
-func (w *Runtime) release(h *held) {
-	if err := h.msg.Nak(); err != nil {
-		w.log.Debug().Err(err).Uint64("seq", h.seq).Msg("nak at shutdown failed; the event is redelivered after AckWait")
-	}
-	w.m.count(resultReleased)
 }

@@ -176,7 +176,7 @@ func (w *Runtime) replay(ctx context.Context, from ReplayFrom, dryRun bool, tota
 			Event: e, Key: res.Key, Sequence: res.Sequence, Attempt: 1, Log: log,
 			backend: b, name: w.spec.Name, instance: w.spec.Instance, noun: w.spec.OutcomeNoun, now: w.o.now,
 		}
-		res.Err = w.call(ctx, d)
+		res.Err = w.exec.call(ctx, d)
 		res.Outcomes = b.names()
 		res.Verdict = w.replayVerdict(res.Err, res.Outcomes)
 		fn(res)
@@ -223,7 +223,7 @@ func (b *replayEmitter) Emit(ctx context.Context, e event.Event) error {
 	e.SetExtension(ReplayExtension, true)
 	e.SetExtension(ReplayIDExtension, b.run.id)
 	e.SetID(e.ID() + "-replay-" + b.run.id)
-	if err := (*runtimeBackend)(b.run.w).Emit(ctx, e); err != nil {
+	if err := b.run.w.backend.Emit(ctx, e); err != nil {
 		return err
 	}
 	b.mu.Lock()
