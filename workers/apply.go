@@ -111,7 +111,7 @@ func (w *Runtime) apply(ctx context.Context, h *held, b *batch, log zerolog.Logg
 	// The stream reader reads every event of its subjects itself, in
 	// order, so none can be held elsewhere. An event that already waited
 	// behind one looks again, whatever the cache says.
-	if w.reader == nil && (!cached || h.delivered > 1 || !h.deferredSince.IsZero()) {
+	if !w.src.complete() && (!cached || h.delivered > 1 || !h.deferredSince.IsZero()) {
 		floor, err := w.orderFloor(ctx, h, cp)
 		if err != nil {
 			return "", 0, err

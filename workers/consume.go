@@ -30,40 +30,19 @@ func (w *Runtime) Run(ctx context.Context) error {
 	defer cancelHandlers()
 	w.handlerCtx = hctx
 
-	readerDone := make(chan struct{})
-	var readErr error
-	if w.reader != nil {
-		go func() {
-			defer close(readerDone)
-			readErr = w.runReader(ctx)
-		}()
-		err := w.serve(ctx, readerDone, &readErr, func() {}, cancelHandlers)
-		// What the handlers settled while shutting down moves the cursor.
-		w.saveCursor(context.WithoutCancel(ctx))
+	done, err := w.src.read(ctx)
+	if err != nil {
 		return err
 	}
-	// A pull as large as what the consumer may have outstanding keeps
-	// lanes fed in a burst, so runs of a key form and share a checkpoint
-	// write (batch.go): a smaller one left them starved, each event of a
-	// key on its own. It costs no more memory than holding them does.
-	it, err := w.consumer.Messages(jetstream.PullMaxMessages(w.o.maxAckPending))
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", w.consumerName(), err)
-	}
-	tk := newTaker(w, it)
-	w.runners.run(tk.take)
-	go func() {
-		<-tk.done
-		readErr = tk.err
-		close(readerDone)
-	}()
-	return w.serve(ctx, readerDone, &readErr, it.Drain, cancelHandlers)
+	err = w.serve(ctx, done, cancelHandlers)
+	// What the handlers settled while shutting down is saved.
+	w.src.finish(ctx)
+	return err
 }
 
-// serve runs the lanes while the reader (the consumer's subscription, or
-// the stream reader) feeds them, then shuts down as Run says: drain stops the
-// reader, and readerDone closes once it has stopped.
-func (w *Runtime) serve(ctx context.Context, readerDone chan struct{}, readErr *error, drain func(), cancelHandlers context.CancelFunc) error {
+// serve runs the lanes while the source feeds them, then shuts down as Run
+// says; done closes once the source has stopped.
+func (w *Runtime) serve(ctx context.Context, done <-chan struct{}, cancelHandlers context.CancelFunc) error {
 	hbDone := make(chan struct{})
 	hbStop := make(chan struct{})
 	go w.heartbeats(hbStop, hbDone)
@@ -71,13 +50,13 @@ func (w *Runtime) serve(ctx context.Context, readerDone chan struct{}, readErr *
 
 	select {
 	case <-ctx.Done():
-	case <-readerDone:
+	case <-done:
 		// The connection closed for good: stop as if told to, and say so.
 	}
 	w.stopping.Store(true)
 	close(w.stop)
-	drain()
-	<-readerDone
+	w.src.drain()
+	<-done
 	w.releaseQueued()
 
 	finished := make(chan struct{})
@@ -91,9 +70,9 @@ func (w *Runtime) serve(ctx context.Context, readerDone chan struct{}, readErr *
 	}
 	close(hbStop)
 	<-hbDone
-	if *readErr != nil {
-		w.log.Error().Err(*readErr).Msg("worker stopped")
-		return *readErr
+	if err := w.src.stopErr(); err != nil {
+		w.log.Error().Err(err).Msg("worker stopped")
+		return err
 	}
 	w.log.Info().Msg("worker stopped")
 	return nil

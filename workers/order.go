@@ -97,12 +97,12 @@ func (w *Runtime) newerStored(ctx context.Context, h *held) (id string, seq uint
 // for earlier ones that were settled long ago and will never come back.
 // That costs one consumer info, only on the path of a forged document.
 func (w *Runtime) orderFloor(ctx context.Context, h *held, cp checkpoint) (uint64, error) {
-	if w.consumer == nil || !w.cps.untrusted(h.lane) {
+	if !w.cps.untrusted(h.lane) {
 		return cp.Applied, nil
 	}
-	info, err := w.consumer.Info(ctx)
+	floor, err := w.src.ackFloor(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("read the ack floor of %s after the checkpoint of %s did not verify: %w", w.consumerName(), h.key, err)
 	}
-	return max(cp.Applied, info.AckFloor.Stream), nil
+	return max(cp.Applied, floor), nil
 }

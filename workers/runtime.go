@@ -24,14 +24,16 @@ type Runtime struct {
 	// exec runs the handler and classifies its result; settler records,
 	// acks, supersedes and dead-letters; cps keeps the checkpoints; queue
 	// holds every message the worker holds, by key.
-	exec     *executor
-	settler  *settler
-	cps      *checkpointStore
-	queue    *keyedQueue
-	store    *events.Store
-	stream   jetstream.Stream
-	consumer jetstream.Consumer
-	state    *State
+	exec    *executor
+	settler *settler
+	cps     *checkpointStore
+	queue   *keyedQueue
+	// src is where the events come from (source.go).
+	src   source
+	store *events.Store
+	// stream is STEWARD_EVENTS, bound by Ensure, for the order scan.
+	stream jetstream.Stream
+	state  *State
 
 	running  atomic.Bool
 	stopping atomic.Bool
@@ -51,10 +53,6 @@ type Runtime struct {
 	storeMu  sync.Mutex
 	// consuming is set while Run serves, after Ensure.
 	consuming atomic.Bool
-
-	// reader is set under ReadStream: the instance reads its subjects
-	// from the stream, with no consumer (reader.go).
-	reader *reader
 
 	// lastStatus is the status document last written (without its time).
 	lastStatus []byte
@@ -167,13 +165,18 @@ func newRuntime(js jetstream.JetStream, spec Spec, h Handler, o options, opts []
 	// Ensure (called by Run) creates what is missing.
 	w.state = &State{prefix: events.StatePrefix(spec.Name, spec.Instance), open: w.openStore}
 	in.backend = &runtimeBackend{in: in, cps: w.cps, state: w.state}
+	w.src = &consumerSource{instance: in, accept: w.accept, runners: w.runners, stopping: &w.stopping}
 	if o.readMode == ReadStream {
-		w.reader = &reader{scanned: map[string]uint64{}, pending: map[uint64]string{}, wake: make(chan struct{}, 1), save: make(chan struct{}, 1)}
+		sr := &streamReader{
+			instance: in, accept: w.accept, runners: w.runners,
+			scanned: map[string]uint64{}, pending: map[uint64]string{}, wake: make(chan struct{}, 1), save: make(chan struct{}, 1),
+		}
 		for _, subj := range spec.Subjects {
 			// Every subject is in the cursor from the start, so what
 			// is settled can be told for each (Settled).
-			w.reader.scanned[subj] = 0
+			sr.scanned[subj] = 0
 		}
+		w.src = sr
 	}
 	return w, nil
 }
@@ -204,10 +207,8 @@ func (w *Runtime) Ensure(ctx context.Context) error {
 	if w.ephemeralKey {
 		w.log.Warn().Msg("no document key configured: this instance signs what it stores with a key that lives only in this process, so after a restart its checkpoints do not verify and each key's events are decided again (give it credentials from steward creds issue, which make one)")
 	}
-	if w.reader == nil {
-		if w.consumer, err = w.ensureConsumer(ctx); err != nil {
-			return err
-		}
+	if err := w.src.ensure(ctx, stream, w.store); err != nil {
+		return err
 	}
 	w.ensured = true
 	return nil

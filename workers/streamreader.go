@@ -52,28 +52,22 @@ func (m ReadMode) String() string {
 // connection was down. A reconnect reads them at once too.
 const defaultResync = 5 * time.Minute
 
-// cursorKey is where an instance's cursor is kept (events.CursorKey).
-func (w *Runtime) cursorKey() string { return events.CursorKey(w.spec.Name, w.spec.Instance) }
+// streamReader is the source of a ReadStream instance: it reads the
+// instance's subjects from the stream by sequence, woken by a subscription,
+// keeps its cursor in the bucket, and stands each event it reads in for a
+// delivery (storedMsg). It knows what it read and not yet settled, and how
+// far each subject has been read.
+type streamReader struct {
+	*instance
+	// accept queues a message it read behind its key (Runtime.accept).
+	accept  func(jetstream.Msg) (run func())
+	runners *runners
+	// stream and store are bound by ensure.
+	stream jetstream.Stream
+	store  *events.Store
+	// err is why the last read stopped, when it was not asked to.
+	err error
 
-// readPause reads the instance's pause: the time it ends, or the zero
-// time. Only an operator's signature makes a pause: one that does not
-// verify is ignored (and reported by the store), so a forged pause cannot
-// hold the instance off its events.
-func (w *Runtime) readPause(ctx context.Context) (time.Time, error) {
-	doc, err := w.store.Get(ctx, events.PauseKey(w.spec.Name, w.spec.Instance))
-	if err != nil {
-		return time.Time{}, fmt.Errorf("read the pause of %s: %w", w.consumerName(), err)
-	}
-	var p events.Pause
-	if err := doc.Decode(&p); err != nil {
-		return time.Time{}, fmt.Errorf("%w; resume it to clear it", err)
-	}
-	return p.Until, nil
-}
-
-// reader is the state of ReadStream: what was read and not yet settled,
-// and how far each subject has been read.
-type reader struct {
 	mu      sync.Mutex
 	scanned map[string]uint64 // per subject, the last sequence read
 	pending map[uint64]string // read and not settled yet: sequence to subject
@@ -87,7 +81,7 @@ type reader struct {
 
 // cursor is what may be written as the cursor: per subject, one below the
 // lowest sequence still pending there, or the last sequence read.
-func (r *reader) cursor() map[string]uint64 {
+func (r *streamReader) cursor() map[string]uint64 {
 	c := maps.Clone(r.scanned)
 	for seq, subj := range r.pending {
 		if seq-1 < c[subj] {
@@ -97,296 +91,17 @@ func (r *reader) cursor() map[string]uint64 {
 	return c
 }
 
-func (r *reader) signal() {
+func (r *streamReader) signal() {
 	select {
 	case r.wake <- struct{}{}:
 	default:
 	}
 }
 
-// runReader reads the instance's subjects from the stream until ctx ends:
-// at start, whenever a subscription says something was stored on them, on
-// a reconnect, and every resync interval.
-func (w *Runtime) runReader(ctx context.Context) error {
-	r := w.reader
-	nc := w.js.Conn()
-	// The stream's stored notices say an event is there to read. A stream
-	// set up before them (no RePublish until `steward setup` runs again)
-	// is heard on the event subjects, where a notice can come before the
-	// event is stored: each wake-up then reads again a little later too.
-	notices := w.stream.CachedInfo().Config.RePublish != nil
-	wake := func(*nats.Msg) { r.signal() }
-	if !notices {
-		wake = func(*nats.Msg) {
-			r.signal()
-			time.AfterFunc(100*time.Millisecond, r.signal)
-			time.AfterFunc(time.Second, r.signal)
-		}
-	}
-	// The pause is read before every read of the stream (one get of a
-	// small document), so a pause holds from the moment it is written;
-	// the control subject only wakes the reader when a pause ends.
-	var pausedUntil time.Time
-	readPaused := func() {
-		until, err := w.readPause(ctx)
-		if err != nil {
-			w.log.Warn().Err(err).Msg("the pause could not be read; reading as if not paused")
-			until = time.Time{}
-		}
-		if until.After(w.now()) {
-			if !until.Equal(pausedUntil) {
-				w.log.Info().Time("until", until).Msg("paused: reading nothing until then")
-				time.AfterFunc(until.Sub(w.now()), r.signal)
-			}
-		} else if !pausedUntil.IsZero() {
-			w.log.Info().Msg("resumed")
-		}
-		pausedUntil = until
-	}
-	control := make(chan struct{}, 1)
-	csub, err := nc.Subscribe(events.ControlSubject(w.spec.Name, w.spec.Instance), func(*nats.Msg) {
-		select {
-		case control <- struct{}{}:
-		default:
-		}
-	})
-	if err != nil {
-		return fmt.Errorf("subscribe to the control subject of %s: %w", w.consumerName(), err)
-	}
-	defer csub.Unsubscribe()
-	var subs []*nats.Subscription
-	for _, subj := range w.spec.Subjects {
-		on := subj
-		if notices {
-			on = events.StoredSubject(subj)
-		}
-		sub, err := nc.Subscribe(on, wake)
-		if err != nil {
-			return fmt.Errorf("subscribe to %s for worker %s: %w", on, w.consumerName(), err)
-		}
-		subs = append(subs, sub)
-	}
-	defer func() {
-		for _, s := range subs {
-			_ = s.Unsubscribe()
-		}
-	}()
-	if err := w.loadCursor(ctx); err != nil {
-		return err
-	}
-	// Spread the fleet's resyncs, so ten thousand hosts do not read at once.
-	resync := time.NewTimer(w.o.resync/2 + rand.N(w.o.resync))
-	defer resync.Stop()
-	// A wake-up published while the connection was down is lost: a
-	// reconnect reads again. The connection's count is local, so checking
-	// it costs the server nothing (its reconnect handler is the owner's).
-	reconnects := nc.Stats().Reconnects
-	check := time.NewTicker(time.Second)
-	defer check.Stop()
-	// A new subscription's interest reaches the other servers of a
-	// cluster a moment later, and a notice published meanwhile is not
-	// heard: read now, and again shortly, so an event stored in that
-	// moment waits seconds, not a resync.
-	if err := nc.Flush(); err != nil {
-		w.log.Debug().Err(err).Msg("flush after subscribing")
-	}
-	r.signal()
-	for _, d := range []time.Duration{time.Second, 5 * time.Second} {
-		t := time.AfterFunc(d, r.signal)
-		defer t.Stop()
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			w.saveCursor(context.WithoutCancel(ctx))
-			return nil
-		case <-r.wake:
-		case <-control:
-		case <-r.save:
-			w.saveCursor(ctx)
-			continue
-		case <-check.C:
-			n := nc.Stats().Reconnects
-			if n == reconnects {
-				continue
-			}
-			// Read again now and once the subscriptions' interest has
-			// spread again, for the same reason as at start.
-			reconnects = n
-			time.AfterFunc(5*time.Second, r.signal)
-		case <-resync.C:
-			resync.Reset(w.o.resync)
-		}
-		if readPaused(); pausedUntil.After(w.now()) {
-			continue
-		}
-		if err := w.scan(ctx); err != nil {
-			if ctx.Err() != nil {
-				continue
-			}
-			w.log.Warn().Err(err).Msg("reading the stream failed; reading again shortly")
-			time.AfterFunc(time.Second, r.signal)
-			continue
-		}
-		w.saveCursor(ctx)
-	}
-}
-
-// scan reads every event stored on the instance's subjects after what was
-// read, and hands each to the lanes as a delivery would be.
-func (w *Runtime) scan(ctx context.Context) error {
-	r := w.reader
-	for _, subj := range w.spec.Subjects {
-		for {
-			r.mu.Lock()
-			from := r.scanned[subj] + 1
-			r.mu.Unlock()
-			gctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			m, err := w.stream.GetMsg(gctx, from, jetstream.WithGetMsgSubject(subj))
-			cancel()
-			if errors.Is(err, jetstream.ErrMsgNotFound) {
-				break
-			}
-			if err != nil {
-				return fmt.Errorf("read %s after sequence %d: %w", subj, from-1, err)
-			}
-			r.mu.Lock()
-			r.scanned[subj] = m.Sequence
-			r.pending[m.Sequence] = subj
-			r.mu.Unlock()
-			if run := w.accept(&storedMsg{raw: m, w: w}); run != nil {
-				w.runners.run(run)
-			}
-		}
-	}
-	return nil
-}
-
-// loadCursor reads the cursor; without one, an instance upgraded from
-// ReadConsumer starts after its old consumer's ack floor (everything at or
-// below it was settled), and a new one at the start of the stream (the
-// checkpoints skip what was already applied).
-func (w *Runtime) loadCursor(ctx context.Context) error {
-	r := w.reader
-	doc, err := w.store.Get(ctx, w.cursorKey())
-	switch {
-	case err != nil:
-		return fmt.Errorf("read the cursor of %s: %w", w.consumerName(), err)
-	case doc.Trusted:
-		var c events.Cursor
-		if err := doc.Decode(&c); err != nil {
-			return fmt.Errorf("%w; delete it to read the stream from the start, the checkpoints skip what was applied", err)
-		}
-		r.mu.Lock()
-		for subj, seq := range c.Subjects {
-			if slices.Contains(w.spec.Subjects, subj) {
-				r.scanned[subj] = seq
-			}
-		}
-		r.saved, r.rev = maps.Clone(r.scanned), doc.Revision
-		r.mu.Unlock()
-		return nil
-	case doc.Present():
-		// A cursor that does not verify is not believed: the subjects
-		// are read again, and the keys' own checkpoints skip what was
-		// applied.
-		return w.rereadFrom(ctx)
-	}
-	return w.adoptConsumer(ctx)
-}
-
-// rereadFrom places the reader after a cursor that did not verify. It
-// re-reads what the keys need and no more, so a forgery across a whole
-// fleet is no thundering herd: under latest-wins, a subject of the
-// instance's own (ending in its token) is read from its newest event, which
-// supersedes every older one of its key anyway; any other subject is read
-// from its start, and the keys' checkpoints skip what was applied.
-func (w *Runtime) rereadFrom(ctx context.Context) error {
-	r := w.reader
-	for _, subj := range w.spec.Subjects {
-		from := uint64(0)
-		if w.spec.Rank != nil && strings.HasSuffix(subj, "."+w.spec.Instance) {
-			m, err := w.stream.GetLastMsgForSubject(ctx, subj)
-			switch {
-			case err == nil:
-				from = m.Sequence - 1
-			case !errors.Is(err, jetstream.ErrMsgNotFound):
-				return fmt.Errorf("find the newest event of %s after the cursor of %s did not verify: %w", subj, w.consumerName(), err)
-			}
-		}
-		r.mu.Lock()
-		r.scanned[subj] = from
-		r.mu.Unlock()
-	}
-	w.log.Warn().Msg("the stream cursor does not verify as this instance's, so it is not believed: the subjects are read again, and each key's checkpoint skips what was applied")
-	return nil
-}
-
-// adoptConsumer moves an instance from its durable consumer to the stream
-// reader: the consumer's ack floor becomes the cursor of every subject,
-// then the consumer is deleted, once, so it stops costing the server.
-// Events after the floor are read again; those applied and not acked are
-// skipped by their checkpoints, so nothing is lost or applied twice.
-func (w *Runtime) adoptConsumer(ctx context.Context) error {
-	c, err := w.js.Consumer(ctx, events.StreamEvents, w.consumerName())
-	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("look up the consumer %s to move it to the stream reader: %w", w.consumerName(), err)
-	}
-	floor := c.CachedInfo().AckFloor.Stream
-	r := w.reader
-	r.mu.Lock()
-	for _, subj := range w.spec.Subjects {
-		r.scanned[subj] = floor
-	}
-	r.mu.Unlock()
-	if err := w.saveCursorNow(ctx); err != nil {
-		return err
-	}
-	if err := w.js.DeleteConsumer(ctx, events.StreamEvents, w.consumerName()); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return fmt.Errorf("delete the consumer %s after moving to the stream reader (its cursor is saved, so it is safe to delete by hand): %w", w.consumerName(), err)
-	}
-	w.log.Info().Uint64("ack_floor", floor).Msg("moved from a durable consumer to the stream reader; the consumer is deleted")
-	return nil
-}
-
-// saveCursor writes the cursor when it moved; a failure is logged and the
-// next save tries again (an old cursor only means reading more again).
-func (w *Runtime) saveCursor(ctx context.Context) {
-	if err := w.saveCursorNow(ctx); err != nil {
-		w.log.Debug().Err(err).Msg("cursor not saved; it is saved again later")
-	}
-}
-
-func (w *Runtime) saveCursorNow(ctx context.Context) error {
-	r := w.reader
-	r.mu.Lock()
-	c := r.cursor()
-	same := maps.Equal(c, r.saved)
-	rev := r.rev
-	r.mu.Unlock()
-	if same {
-		return nil
-	}
-	// Only this process reads this instance, so the write is plain; the
-	// revision is kept to say what was written, not to race anyone.
-	next, err := w.store.Set(ctx, w.cursorKey(), events.Cursor{Subjects: c})
-	if err != nil {
-		return fmt.Errorf("save the cursor of %s: %w", w.consumerName(), err)
-	}
-	_ = rev
-	r.mu.Lock()
-	r.saved, r.rev = c, next
-	r.mu.Unlock()
-	return nil
-}
-
 // settled notes that the event at seq is settled; released, that it was
 // handed back unsettled (at shutdown, or when it could not be settled),
 // so it is read again.
-func (r *reader) settled(seq uint64) {
+func (r *streamReader) settled(seq uint64) {
 	r.mu.Lock()
 	delete(r.pending, seq)
 	idle := len(r.pending) == 0
@@ -399,7 +114,7 @@ func (r *reader) settled(seq uint64) {
 	}
 }
 
-func (r *reader) released(seq uint64) {
+func (r *streamReader) released(seq uint64) {
 	r.mu.Lock()
 	if subj, ok := r.pending[seq]; ok && r.scanned[subj] >= seq {
 		r.scanned[subj] = seq - 1
@@ -414,7 +129,7 @@ func (r *reader) released(seq uint64) {
 // by reading again.
 type storedMsg struct {
 	raw *jetstream.RawStreamMsg
-	w   *Runtime
+	r   *streamReader
 }
 
 func (m *storedMsg) Metadata() (*jetstream.MsgMetadata, error) {
@@ -430,18 +145,316 @@ func (m *storedMsg) Data() []byte                       { return m.raw.Data }
 func (m *storedMsg) Headers() nats.Header               { return m.raw.Header }
 func (m *storedMsg) Subject() string                    { return m.raw.Subject }
 func (m *storedMsg) Reply() string                      { return "" }
-func (m *storedMsg) Ack() error                         { m.w.reader.settled(m.raw.Sequence); return nil }
+func (m *storedMsg) Ack() error                         { m.r.settled(m.raw.Sequence); return nil }
 func (m *storedMsg) DoubleAck(context.Context) error    { return m.Ack() }
 func (m *storedMsg) Term() error                        { return m.Ack() }
 func (m *storedMsg) TermWithReason(string) error        { return m.Ack() }
 func (m *storedMsg) InProgress() error                  { return nil }
-func (m *storedMsg) Nak() error                         { m.w.reader.released(m.raw.Sequence); return nil }
+func (m *storedMsg) Nak() error                         { m.r.released(m.raw.Sequence); return nil }
 func (m *storedMsg) NakWithDelay(d time.Duration) error { return m.later(d) }
 
 // later reads the event again after d, as a consumer's delayed redelivery
 // would deliver it.
 func (m *storedMsg) later(d time.Duration) error {
-	m.w.reader.released(m.raw.Sequence)
-	time.AfterFunc(d, m.w.reader.signal)
+	m.r.released(m.raw.Sequence)
+	time.AfterFunc(d, m.r.signal)
+	return nil
+}
+
+// cursorKey is where an instance's cursor is kept (events.CursorKey).
+func (sr *streamReader) cursorKey() string { return events.CursorKey(sr.spec.Name, sr.spec.Instance) }
+
+// readPause reads the instance's pause: the time it ends, or the zero
+// time. Only an operator's signature makes a pause: one that does not
+// verify is ignored (and reported by the store), so a forged pause cannot
+// hold the instance off its events.
+func (sr *streamReader) readPause(ctx context.Context) (time.Time, error) {
+	doc, err := sr.store.Get(ctx, events.PauseKey(sr.spec.Name, sr.spec.Instance))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("read the pause of %s: %w", sr.consumerName(), err)
+	}
+	var p events.Pause
+	if err := doc.Decode(&p); err != nil {
+		return time.Time{}, fmt.Errorf("%w; resume it to clear it", err)
+	}
+	return p.Until, nil
+}
+
+// runReader reads the instance's subjects from the stream until ctx ends:
+// at start, whenever a subscription says something was stored on them, on
+// a reconnect, and every resync interval.
+func (sr *streamReader) run(ctx context.Context) error {
+	r := sr
+	nc := sr.js.Conn()
+	// The stream's stored notices say an event is there to read. A stream
+	// set up before them (no RePublish until `steward setup` runs again)
+	// is heard on the event subjects, where a notice can come before the
+	// event is stored: each wake-up then reads again a little later too.
+	notices := sr.stream.CachedInfo().Config.RePublish != nil
+	wake := func(*nats.Msg) { r.signal() }
+	if !notices {
+		wake = func(*nats.Msg) {
+			r.signal()
+			time.AfterFunc(100*time.Millisecond, r.signal)
+			time.AfterFunc(time.Second, r.signal)
+		}
+	}
+	// The pause is read before every read of the stream (one get of a
+	// small document), so a pause holds from the moment it is written;
+	// the control subject only wakes the reader when a pause ends.
+	var pausedUntil time.Time
+	readPaused := func() {
+		until, err := sr.readPause(ctx)
+		if err != nil {
+			sr.log.Warn().Err(err).Msg("the pause could not be read; reading as if not paused")
+			until = time.Time{}
+		}
+		if until.After(sr.now()) {
+			if !until.Equal(pausedUntil) {
+				sr.log.Info().Time("until", until).Msg("paused: reading nothing until then")
+				time.AfterFunc(until.Sub(sr.now()), r.signal)
+			}
+		} else if !pausedUntil.IsZero() {
+			sr.log.Info().Msg("resumed")
+		}
+		pausedUntil = until
+	}
+	control := make(chan struct{}, 1)
+	csub, err := nc.Subscribe(events.ControlSubject(sr.spec.Name, sr.spec.Instance), func(*nats.Msg) {
+		select {
+		case control <- struct{}{}:
+		default:
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe to the control subject of %s: %w", sr.consumerName(), err)
+	}
+	defer csub.Unsubscribe()
+	var subs []*nats.Subscription
+	for _, subj := range sr.spec.Subjects {
+		on := subj
+		if notices {
+			on = events.StoredSubject(subj)
+		}
+		sub, err := nc.Subscribe(on, wake)
+		if err != nil {
+			return fmt.Errorf("subscribe to %s for worker %s: %w", on, sr.consumerName(), err)
+		}
+		subs = append(subs, sub)
+	}
+	defer func() {
+		for _, s := range subs {
+			_ = s.Unsubscribe()
+		}
+	}()
+	if err := sr.loadCursor(ctx); err != nil {
+		return err
+	}
+	// Spread the fleet's resyncs, so ten thousand hosts do not read at once.
+	resync := time.NewTimer(sr.o.resync/2 + rand.N(sr.o.resync))
+	defer resync.Stop()
+	// A wake-up published while the connection was down is lost: a
+	// reconnect reads again. The connection's count is local, so checking
+	// it costs the server nothing (its reconnect handler is the owner's).
+	reconnects := nc.Stats().Reconnects
+	check := time.NewTicker(time.Second)
+	defer check.Stop()
+	// A new subscription's interest reaches the other servers of a
+	// cluster a moment later, and a notice published meanwhile is not
+	// heard: read now, and again shortly, so an event stored in that
+	// moment waits seconds, not a resync.
+	if err := nc.Flush(); err != nil {
+		sr.log.Debug().Err(err).Msg("flush after subscribing")
+	}
+	r.signal()
+	for _, d := range []time.Duration{time.Second, 5 * time.Second} {
+		t := time.AfterFunc(d, r.signal)
+		defer t.Stop()
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			sr.saveCursor(context.WithoutCancel(ctx))
+			return nil
+		case <-r.wake:
+		case <-control:
+		case <-r.save:
+			sr.saveCursor(ctx)
+			continue
+		case <-check.C:
+			n := nc.Stats().Reconnects
+			if n == reconnects {
+				continue
+			}
+			// Read again now and once the subscriptions' interest has
+			// spread again, for the same reason as at start.
+			reconnects = n
+			time.AfterFunc(5*time.Second, r.signal)
+		case <-resync.C:
+			resync.Reset(sr.o.resync)
+		}
+		if readPaused(); pausedUntil.After(sr.now()) {
+			continue
+		}
+		if err := sr.scan(ctx); err != nil {
+			if ctx.Err() != nil {
+				continue
+			}
+			sr.log.Warn().Err(err).Msg("reading the stream failed; reading again shortly")
+			time.AfterFunc(time.Second, r.signal)
+			continue
+		}
+		sr.saveCursor(ctx)
+	}
+}
+
+// scan reads every event stored on the instance's subjects after what was
+// read, and hands each to the lanes as a delivery would be.
+func (sr *streamReader) scan(ctx context.Context) error {
+	r := sr
+	for _, subj := range sr.spec.Subjects {
+		for {
+			r.mu.Lock()
+			from := r.scanned[subj] + 1
+			r.mu.Unlock()
+			gctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			m, err := sr.stream.GetMsg(gctx, from, jetstream.WithGetMsgSubject(subj))
+			cancel()
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				break
+			}
+			if err != nil {
+				return fmt.Errorf("read %s after sequence %d: %w", subj, from-1, err)
+			}
+			r.mu.Lock()
+			r.scanned[subj] = m.Sequence
+			r.pending[m.Sequence] = subj
+			r.mu.Unlock()
+			if run := sr.accept(&storedMsg{raw: m, r: sr}); run != nil {
+				sr.runners.run(run)
+			}
+		}
+	}
+	return nil
+}
+
+// loadCursor reads the cursor; without one, an instance upgraded from
+// ReadConsumer starts after its old consumer's ack floor (everything at or
+// below it was settled), and a new one at the start of the stream (the
+// checkpoints skip what was already applied).
+func (sr *streamReader) loadCursor(ctx context.Context) error {
+	r := sr
+	doc, err := sr.store.Get(ctx, sr.cursorKey())
+	switch {
+	case err != nil:
+		return fmt.Errorf("read the cursor of %s: %w", sr.consumerName(), err)
+	case doc.Trusted:
+		var c events.Cursor
+		if err := doc.Decode(&c); err != nil {
+			return fmt.Errorf("%w; delete it to read the stream from the start, the checkpoints skip what was applied", err)
+		}
+		r.mu.Lock()
+		for subj, seq := range c.Subjects {
+			if slices.Contains(sr.spec.Subjects, subj) {
+				r.scanned[subj] = seq
+			}
+		}
+		r.saved, r.rev = maps.Clone(r.scanned), doc.Revision
+		r.mu.Unlock()
+		return nil
+	case doc.Present():
+		// A cursor that does not verify is not believed: the subjects
+		// are read again, and the keys' own checkpoints skip what was
+		// applied.
+		return sr.rereadFrom(ctx)
+	}
+	return sr.adoptConsumer(ctx)
+}
+
+// rereadFrom places the reader after a cursor that did not verify. It
+// re-reads what the keys need and no more, so a forgery across a whole
+// fleet is no thundering herd: under latest-wins, a subject of the
+// instance's own (ending in its token) is read from its newest event, which
+// supersedes every older one of its key anyway; any other subject is read
+// from its start, and the keys' checkpoints skip what was applied.
+func (sr *streamReader) rereadFrom(ctx context.Context) error {
+	r := sr
+	for _, subj := range sr.spec.Subjects {
+		from := uint64(0)
+		if sr.spec.Rank != nil && strings.HasSuffix(subj, "."+sr.spec.Instance) {
+			m, err := sr.stream.GetLastMsgForSubject(ctx, subj)
+			switch {
+			case err == nil:
+				from = m.Sequence - 1
+			case !errors.Is(err, jetstream.ErrMsgNotFound):
+				return fmt.Errorf("find the newest event of %s after the cursor of %s did not verify: %w", subj, sr.consumerName(), err)
+			}
+		}
+		r.mu.Lock()
+		r.scanned[subj] = from
+		r.mu.Unlock()
+	}
+	sr.log.Warn().Msg("the stream cursor does not verify as this instance's, so it is not believed: the subjects are read again, and each key's checkpoint skips what was applied")
+	return nil
+}
+
+// adoptConsumer moves an instance from its durable consumer to the stream
+// reader: the consumer's ack floor becomes the cursor of every subject,
+// then the consumer is deleted, once, so it stops costing the server.
+// Events after the floor are read again; those applied and not acked are
+// skipped by their checkpoints, so nothing is lost or applied twice.
+func (sr *streamReader) adoptConsumer(ctx context.Context) error {
+	c, err := sr.js.Consumer(ctx, events.StreamEvents, sr.consumerName())
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("look up the consumer %s to move it to the stream reader: %w", sr.consumerName(), err)
+	}
+	floor := c.CachedInfo().AckFloor.Stream
+	r := sr
+	r.mu.Lock()
+	for _, subj := range sr.spec.Subjects {
+		r.scanned[subj] = floor
+	}
+	r.mu.Unlock()
+	if err := sr.saveCursorNow(ctx); err != nil {
+		return err
+	}
+	if err := sr.js.DeleteConsumer(ctx, events.StreamEvents, sr.consumerName()); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("delete the consumer %s after moving to the stream reader (its cursor is saved, so it is safe to delete by hand): %w", sr.consumerName(), err)
+	}
+	sr.log.Info().Uint64("ack_floor", floor).Msg("moved from a durable consumer to the stream reader; the consumer is deleted")
+	return nil
+}
+
+// saveCursor writes the cursor when it moved; a failure is logged and the
+// next save tries again (an old cursor only means reading more again).
+func (sr *streamReader) saveCursor(ctx context.Context) {
+	if err := sr.saveCursorNow(ctx); err != nil {
+		sr.log.Debug().Err(err).Msg("cursor not saved; it is saved again later")
+	}
+}
+
+func (sr *streamReader) saveCursorNow(ctx context.Context) error {
+	r := sr
+	r.mu.Lock()
+	c := r.cursor()
+	same := maps.Equal(c, r.saved)
+	rev := r.rev
+	r.mu.Unlock()
+	if same {
+		return nil
+	}
+	// Only this process reads this instance, so the write is plain; the
+	// revision is kept to say what was written, not to race anyone.
+	next, err := sr.store.Set(ctx, sr.cursorKey(), events.Cursor{Subjects: c})
+	if err != nil {
+		return fmt.Errorf("save the cursor of %s: %w", sr.consumerName(), err)
+	}
+	_ = rev
+	r.mu.Lock()
+	r.saved, r.rev = c, next
+	r.mu.Unlock()
 	return nil
 }
