@@ -7,7 +7,8 @@
 // style of rivertest's Worker.Work and httptest's ResponseRecorder. The
 // runtime's rules apply: nil is Applied, workers.Refused is Refused,
 // workers.Permanent is DeadLettered with its reason, a plain error is
-// Retried, a panic is caught, and under a latest-wins Spec the older
+// Retried (or tried again, up to WithAttempts times, so a transient failure
+// can be shown to apply once it passes), a panic is caught, and under a latest-wins Spec the older
 // events of a stream queued together are Superseded. Runner keeps state
 // between events and documents exactly what it models and what it does
 // not (crashes, redelivery, backoff).
