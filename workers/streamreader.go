@@ -81,9 +81,9 @@ type streamReader struct {
 
 // cursor is what may be written as the cursor: per subject, one below the
 // lowest sequence still pending there, or the last sequence read.
-func (r *streamReader) cursor() map[string]uint64 {
-	c := maps.Clone(r.scanned)
-	for seq, subj := range r.pending {
+func (sr *streamReader) cursor() map[string]uint64 {
+	c := maps.Clone(sr.scanned)
+	for seq, subj := range sr.pending {
 		if seq-1 < c[subj] {
 			c[subj] = seq - 1
 		}
@@ -91,9 +91,9 @@ func (r *streamReader) cursor() map[string]uint64 {
 	return c
 }
 
-func (r *streamReader) signal() {
+func (sr *streamReader) signal() {
 	select {
-	case r.wake <- struct{}{}:
+	case sr.wake <- struct{}{}:
 	default:
 	}
 }
@@ -101,26 +101,26 @@ func (r *streamReader) signal() {
 // settled notes that the event at seq is settled; released, that it was
 // handed back unsettled (at shutdown, or when it could not be settled),
 // so it is read again.
-func (r *streamReader) settled(seq uint64) {
-	r.mu.Lock()
-	delete(r.pending, seq)
-	idle := len(r.pending) == 0
-	r.mu.Unlock()
+func (sr *streamReader) settled(seq uint64) {
+	sr.mu.Lock()
+	delete(sr.pending, seq)
+	idle := len(sr.pending) == 0
+	sr.mu.Unlock()
 	if idle {
 		select {
-		case r.save <- struct{}{}:
+		case sr.save <- struct{}{}:
 		default:
 		}
 	}
 }
 
-func (r *streamReader) released(seq uint64) {
-	r.mu.Lock()
-	if subj, ok := r.pending[seq]; ok && r.scanned[subj] >= seq {
-		r.scanned[subj] = seq - 1
+func (sr *streamReader) released(seq uint64) {
+	sr.mu.Lock()
+	if subj, ok := sr.pending[seq]; ok && sr.scanned[subj] >= seq {
+		sr.scanned[subj] = seq - 1
 	}
-	delete(r.pending, seq)
-	r.mu.Unlock()
+	delete(sr.pending, seq)
+	sr.mu.Unlock()
 }
 
 // storedMsg is an event read from the stream by sequence, standing in for a
@@ -183,54 +183,40 @@ func (sr *streamReader) readPause(ctx context.Context) (time.Time, error) {
 // runReader reads the instance's subjects from the stream until ctx ends:
 // at start, whenever a subscription says something was stored on them, on
 // a reconnect, and every resync interval.
-func (sr *streamReader) run(ctx context.Context) error {
-	r := sr
-	nc := sr.js.Conn()
+// subscribe listens for what wakes the reader: the stored notices of its
+// subjects (or, on a stream set up before them, the subjects themselves)
+// and its control subject, whose messages come on control.
+func (sr *streamReader) subscribe(nc *nats.Conn) (control <-chan struct{}, unsubscribe func(), err error) {
 	// The stream's stored notices say an event is there to read. A stream
 	// set up before them (no RePublish until `steward setup` runs again)
 	// is heard on the event subjects, where a notice can come before the
 	// event is stored: each wake-up then reads again a little later too.
 	notices := sr.stream.CachedInfo().Config.RePublish != nil
-	wake := func(*nats.Msg) { r.signal() }
+	wake := func(*nats.Msg) { sr.signal() }
 	if !notices {
 		wake = func(*nats.Msg) {
-			r.signal()
-			time.AfterFunc(100*time.Millisecond, r.signal)
-			time.AfterFunc(time.Second, r.signal)
+			sr.signal()
+			time.AfterFunc(100*time.Millisecond, sr.signal)
+			time.AfterFunc(time.Second, sr.signal)
 		}
 	}
-	// The pause is read before every read of the stream (one get of a
-	// small document), so a pause holds from the moment it is written;
-	// the control subject only wakes the reader when a pause ends.
-	var pausedUntil time.Time
-	readPaused := func() {
-		until, err := sr.readPause(ctx)
-		if err != nil {
-			sr.log.Warn().Err(err).Msg("the pause could not be read; reading as if not paused")
-			until = time.Time{}
+	ch := make(chan struct{}, 1)
+	var subs []*nats.Subscription
+	unsubscribe = func() {
+		for _, s := range subs {
+			_ = s.Unsubscribe()
 		}
-		if until.After(sr.now()) {
-			if !until.Equal(pausedUntil) {
-				sr.log.Info().Time("until", until).Msg("paused: reading nothing until then")
-				time.AfterFunc(until.Sub(sr.now()), r.signal)
-			}
-		} else if !pausedUntil.IsZero() {
-			sr.log.Info().Msg("resumed")
-		}
-		pausedUntil = until
 	}
-	control := make(chan struct{}, 1)
 	csub, err := nc.Subscribe(events.ControlSubject(sr.spec.Name, sr.spec.Instance), func(*nats.Msg) {
 		select {
-		case control <- struct{}{}:
+		case ch <- struct{}{}:
 		default:
 		}
 	})
 	if err != nil {
-		return fmt.Errorf("subscribe to the control subject of %s: %w", sr.consumerName(), err)
+		return nil, nil, fmt.Errorf("subscribe to the control subject of %s: %w", sr.consumerName(), err)
 	}
-	defer csub.Unsubscribe()
-	var subs []*nats.Subscription
+	subs = append(subs, csub)
 	for _, subj := range sr.spec.Subjects {
 		on := subj
 		if notices {
@@ -238,15 +224,46 @@ func (sr *streamReader) run(ctx context.Context) error {
 		}
 		sub, err := nc.Subscribe(on, wake)
 		if err != nil {
-			return fmt.Errorf("subscribe to %s for worker %s: %w", on, sr.consumerName(), err)
+			unsubscribe()
+			return nil, nil, fmt.Errorf("subscribe to %s for worker %s: %w", on, sr.consumerName(), err)
 		}
 		subs = append(subs, sub)
 	}
-	defer func() {
-		for _, s := range subs {
-			_ = s.Unsubscribe()
+	return ch, unsubscribe, nil
+}
+
+// paused reads the instance's pause and returns when it ends (the zero
+// time: not paused), logging a pause or a resume that is news against was,
+// what the last read said. A pause that cannot be read does not hold the
+// reader.
+func (sr *streamReader) paused(ctx context.Context, was time.Time) time.Time {
+	until, err := sr.readPause(ctx)
+	if err != nil {
+		sr.log.Warn().Err(err).Msg("the pause could not be read; reading as if not paused")
+		until = time.Time{}
+	}
+	if until.After(sr.now()) {
+		if !until.Equal(was) {
+			sr.log.Info().Time("until", until).Msg("paused: reading nothing until then")
+			time.AfterFunc(until.Sub(sr.now()), sr.signal)
 		}
-	}()
+	} else if !was.IsZero() {
+		sr.log.Info().Msg("resumed")
+	}
+	return until
+}
+
+func (sr *streamReader) run(ctx context.Context) error {
+	nc := sr.js.Conn()
+	control, unsubscribe, err := sr.subscribe(nc)
+	if err != nil {
+		return err
+	}
+	defer unsubscribe()
+	// The pause is read before every read of the stream (one get of a
+	// small document), so a pause holds from the moment it is written;
+	// the control subject only wakes the reader when a pause ends.
+	var pausedUntil time.Time
 	if err := sr.loadCursor(ctx); err != nil {
 		return err
 	}
@@ -266,9 +283,9 @@ func (sr *streamReader) run(ctx context.Context) error {
 	if err := nc.Flush(); err != nil {
 		sr.log.Debug().Err(err).Msg("flush after subscribing")
 	}
-	r.signal()
+	sr.signal()
 	for _, d := range []time.Duration{time.Second, 5 * time.Second} {
-		t := time.AfterFunc(d, r.signal)
+		t := time.AfterFunc(d, sr.signal)
 		defer t.Stop()
 	}
 	for {
@@ -276,9 +293,9 @@ func (sr *streamReader) run(ctx context.Context) error {
 		case <-ctx.Done():
 			sr.saveCursor(context.WithoutCancel(ctx))
 			return nil
-		case <-r.wake:
+		case <-sr.wake:
 		case <-control:
-		case <-r.save:
+		case <-sr.save:
 			sr.saveCursor(ctx)
 			continue
 		case <-check.C:
@@ -289,11 +306,11 @@ func (sr *streamReader) run(ctx context.Context) error {
 			// Read again now and once the subscriptions' interest has
 			// spread again, for the same reason as at start.
 			reconnects = n
-			time.AfterFunc(5*time.Second, r.signal)
+			time.AfterFunc(5*time.Second, sr.signal)
 		case <-resync.C:
 			resync.Reset(sr.o.resync)
 		}
-		if readPaused(); pausedUntil.After(sr.now()) {
+		if pausedUntil = sr.paused(ctx, pausedUntil); pausedUntil.After(sr.now()) {
 			continue
 		}
 		if err := sr.scan(ctx); err != nil {
@@ -301,7 +318,7 @@ func (sr *streamReader) run(ctx context.Context) error {
 				continue
 			}
 			sr.log.Warn().Err(err).Msg("reading the stream failed; reading again shortly")
-			time.AfterFunc(time.Second, r.signal)
+			time.AfterFunc(time.Second, sr.signal)
 			continue
 		}
 		sr.saveCursor(ctx)
@@ -311,12 +328,11 @@ func (sr *streamReader) run(ctx context.Context) error {
 // scan reads every event stored on the instance's subjects after what was
 // read, and hands each to the lanes as a delivery would be.
 func (sr *streamReader) scan(ctx context.Context) error {
-	r := sr
 	for _, subj := range sr.spec.Subjects {
 		for {
-			r.mu.Lock()
-			from := r.scanned[subj] + 1
-			r.mu.Unlock()
+			sr.mu.Lock()
+			from := sr.scanned[subj] + 1
+			sr.mu.Unlock()
 			gctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			m, err := sr.stream.GetMsg(gctx, from, jetstream.WithGetMsgSubject(subj))
 			cancel()
@@ -326,10 +342,10 @@ func (sr *streamReader) scan(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("read %s after sequence %d: %w", subj, from-1, err)
 			}
-			r.mu.Lock()
-			r.scanned[subj] = m.Sequence
-			r.pending[m.Sequence] = subj
-			r.mu.Unlock()
+			sr.mu.Lock()
+			sr.scanned[subj] = m.Sequence
+			sr.pending[m.Sequence] = subj
+			sr.mu.Unlock()
 			if run := sr.accept(&storedMsg{raw: m, r: sr}); run != nil {
 				sr.runners.run(run)
 			}
@@ -343,7 +359,6 @@ func (sr *streamReader) scan(ctx context.Context) error {
 // below it was settled), and a new one at the start of the stream (the
 // checkpoints skip what was already applied).
 func (sr *streamReader) loadCursor(ctx context.Context) error {
-	r := sr
 	doc, err := sr.store.Get(ctx, sr.cursorKey())
 	switch {
 	case err != nil:
@@ -353,14 +368,14 @@ func (sr *streamReader) loadCursor(ctx context.Context) error {
 		if err := doc.Decode(&c); err != nil {
 			return fmt.Errorf("%w; delete it to read the stream from the start, the checkpoints skip what was applied", err)
 		}
-		r.mu.Lock()
+		sr.mu.Lock()
 		for subj, seq := range c.Subjects {
 			if slices.Contains(sr.spec.Subjects, subj) {
-				r.scanned[subj] = seq
+				sr.scanned[subj] = seq
 			}
 		}
-		r.saved, r.rev = maps.Clone(r.scanned), doc.Revision
-		r.mu.Unlock()
+		sr.saved, sr.rev = maps.Clone(sr.scanned), doc.Revision
+		sr.mu.Unlock()
 		return nil
 	case doc.Present():
 		// A cursor that does not verify is not believed: the subjects
@@ -378,7 +393,6 @@ func (sr *streamReader) loadCursor(ctx context.Context) error {
 // supersedes every older one of its key anyway; any other subject is read
 // from its start, and the keys' checkpoints skip what was applied.
 func (sr *streamReader) rereadFrom(ctx context.Context) error {
-	r := sr
 	for _, subj := range sr.spec.Subjects {
 		from := uint64(0)
 		if sr.spec.Rank != nil && strings.HasSuffix(subj, "."+sr.spec.Instance) {
@@ -390,9 +404,9 @@ func (sr *streamReader) rereadFrom(ctx context.Context) error {
 				return fmt.Errorf("find the newest event of %s after the cursor of %s did not verify: %w", subj, sr.consumerName(), err)
 			}
 		}
-		r.mu.Lock()
-		r.scanned[subj] = from
-		r.mu.Unlock()
+		sr.mu.Lock()
+		sr.scanned[subj] = from
+		sr.mu.Unlock()
 	}
 	sr.log.Warn().Msg("the stream cursor does not verify as this instance's, so it is not believed: the subjects are read again, and each key's checkpoint skips what was applied")
 	return nil
@@ -412,12 +426,11 @@ func (sr *streamReader) adoptConsumer(ctx context.Context) error {
 		return fmt.Errorf("look up the consumer %s to move it to the stream reader: %w", sr.consumerName(), err)
 	}
 	floor := c.CachedInfo().AckFloor.Stream
-	r := sr
-	r.mu.Lock()
+	sr.mu.Lock()
 	for _, subj := range sr.spec.Subjects {
-		r.scanned[subj] = floor
+		sr.scanned[subj] = floor
 	}
-	r.mu.Unlock()
+	sr.mu.Unlock()
 	if err := sr.saveCursorNow(ctx); err != nil {
 		return err
 	}
@@ -437,12 +450,11 @@ func (sr *streamReader) saveCursor(ctx context.Context) {
 }
 
 func (sr *streamReader) saveCursorNow(ctx context.Context) error {
-	r := sr
-	r.mu.Lock()
-	c := r.cursor()
-	same := maps.Equal(c, r.saved)
-	rev := r.rev
-	r.mu.Unlock()
+	sr.mu.Lock()
+	c := sr.cursor()
+	same := maps.Equal(c, sr.saved)
+	rev := sr.rev
+	sr.mu.Unlock()
 	if same {
 		return nil
 	}
@@ -453,8 +465,8 @@ func (sr *streamReader) saveCursorNow(ctx context.Context) error {
 		return fmt.Errorf("save the cursor of %s: %w", sr.consumerName(), err)
 	}
 	_ = rev
-	r.mu.Lock()
-	r.saved, r.rev = c, next
-	r.mu.Unlock()
+	sr.mu.Lock()
+	sr.saved, sr.rev = c, next
+	sr.mu.Unlock()
 	return nil
 }
