@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -317,24 +316,24 @@ func (r *Runner) check(e event.Event) error {
 	return nil
 }
 
-// deadLetter builds the letter the runtime would write, and reads it back
-// through events.ParseDeadLetter, the one parser of the format.
+// deadLetter builds the letter the runtime would write, with the runtime's
+// builder (events.NewDeadLetter) and the instance's test key, and reads it
+// back through events.ParseDeadLetter, the one parser of the format.
 func (r *Runner) deadLetter(it *queued, reason error, delivered uint64) events.DeadLetter {
 	subject := r.subjectOf(it.e)
 	msg, err := events.Encode(subject, it.e)
 	if err != nil {
 		msg = nats.NewMsg(subject)
 	}
-	h := nats.Header{}
-	for k, v := range msg.Header {
-		h[k] = append([]string(nil), v...)
-	}
-	h.Set(events.HeaderError, redact.Line(reason.Error()))
-	h.Set(events.HeaderWorker, r.spec.Name+"-"+r.spec.Instance)
-	h.Set(events.HeaderStreamSeq, strconv.FormatUint(it.seq, 10))
-	h.Set(events.HeaderDelivered, strconv.FormatUint(delivered, 10))
-	h.Set(events.HeaderSubject, subject)
-	return events.ParseDeadLetter(0, events.DLQSubject(r.spec.Name, r.spec.Instance), h, msg.Data)
+	consumer := r.spec.Name + "-" + r.spec.Instance
+	dlq := events.DLQSubject(r.spec.Name, r.spec.Instance)
+	letter, _ := events.NewDeadLetter(events.LetterSource{
+		Consumer: consumer, DLQSubject: dlq, Stream: events.StreamEvents,
+		Sequence: it.seq, Subject: subject, Delivered: delivered,
+		Reason: redact.Line(reason.Error()), Header: msg.Header, Data: msg.Data,
+		Signer: Signer(consumer),
+	})
+	return events.ParseDeadLetter(0, dlq, letter.Header, letter.Data)
 }
 
 // subjectOf is where a publisher would have put e: its kind's subject for
