@@ -108,8 +108,8 @@ func (w *Runtime) apply(ctx context.Context, h *held, b *batch, log zerolog.Logg
 	// this process has not seen every delivery since it last settled the
 	// key (a start, a gap in the consumer sequence), or if this is a
 	// redelivery; otherwise the scan is skipped (order.go).
-	// The stream reader reads every event of its subjects itself, in
-	// order, so none can be held elsewhere. An event that already waited
+	// A complete source (the stream reader reads every event of its
+	// subjects itself, in order) leaves none to be held elsewhere. An event that already waited
 	// behind one looks again, whatever the cache says.
 	if !w.src.complete() && (!cached || h.delivered > 1 || !h.deferredSince.IsZero()) {
 		floor, err := w.orderFloor(ctx, h, cp)

@@ -187,8 +187,8 @@ func sameConsumer(have, want jetstream.ConsumerConfig) bool {
 }
 
 // wrapConsumer gives a host-bound instance's pulls the fleet's expiry and
-// heartbeat. The runtime's Messages call (consume.go) sets the batch; this
-// adds what makes an idle instance cheap for the server.
+// heartbeat. The Messages call of read sets the batch; this adds what makes
+// an idle instance cheap for the server.
 func (c *consumerSource) wrapConsumer(consumer jetstream.Consumer) jetstream.Consumer {
 	if !hostBound(c.spec) {
 		return consumer
