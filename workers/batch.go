@@ -94,7 +94,7 @@ func (w *Runtime) flush(b *batch) {
 	}
 	if err := w.settler.recordRun(b); err != nil {
 		for _, h := range b.events {
-			w.queue.retry(b.lane, h, err)
+			w.retry(b.lane, h, err)
 		}
 	} else {
 		for _, h := range b.events {

@@ -63,11 +63,16 @@ func TestCompareAndSwapOnAThreeNodeCluster(t *testing.T) {
 	}); w != 1 || c != 1 {
 		t.Fatalf("create: %d wins and %d conflicts, want 1 and 1", w, c)
 	}
+	// A direct get may be answered by a replica that has not applied the
+	// create yet (the bucket allows direct reads from every replica): a
+	// stale read is safe, its revision only loses the race, so wait for
+	// the replica to catch up rather than race with revision 0.
 	var doc map[string]string
-	rev, err := a.State().Get(ctx, "installed", &doc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var rev uint64
+	workertest.WaitUntil(t, "the created state document is read back", func() bool {
+		rev, err = a.State().Get(ctx, "installed", &doc)
+		return err == nil && rev != 0
+	})
 	if w, c := race(func(w *workers.Runtime) error {
 		_, err := w.State().Put(ctx, "installed", map[string]string{"v": "2"}, rev)
 		return err

@@ -208,8 +208,11 @@ func (b *runtimeBackend) Emit(ctx context.Context, e event.Event) error {
 	if err := events.SignMessage(msg, events.StreamOutcomes, b.in.o.domain, b.in.o.signer, events.OutcomeProofContent(e)); err != nil {
 		return err
 	}
-	_, err = b.in.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(events.StreamOutcomes))
-	return err
+	if _, err = b.in.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(events.StreamOutcomes)); err != nil {
+		return err
+	}
+	b.in.m.emitted(b.in.spec.OutcomeNoun, e.Type(), e.Data())
+	return nil
 }
 
 func (b *runtimeBackend) SaveStage(ctx context.Context, d *Delivery, stage json.RawMessage) error {

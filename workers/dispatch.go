@@ -78,7 +78,7 @@ func (w *Runtime) runHead(l *lane, h *held, b *batch) {
 		// without coming back here.
 		w.queue.waitBehind(l, h, v.behind, w.o.heartbeat)
 	case v.retry != nil:
-		w.queue.retry(l, h, v.retry)
+		w.retry(l, h, v.retry)
 	default:
 		w.unhold(h)
 	}
@@ -88,7 +88,7 @@ func (w *Runtime) runHead(l *lane, h *held, b *batch) {
 // again when the settling could not be recorded.
 func (w *Runtime) settleSuperseded(l *lane, h *held, byID string, bySeq uint64) {
 	if !w.settler.supersede(h, byID, bySeq) {
-		w.queue.retry(l, h, nil)
+		w.retry(l, h, nil)
 		return
 	}
 	w.unhold(h)
@@ -103,6 +103,14 @@ func (w *Runtime) waitRetry(l *lane, wait time.Duration) {
 	case <-t.C:
 	case <-l.wake:
 	case <-w.stop:
+	}
+}
+
+// retry puts h back in l to be tried again after its backoff (keyedQueue.retry);
+// a key that starts retrying has the status document written at once.
+func (w *Runtime) retry(l *lane, h *held, err error) {
+	if w.queue.retry(l, h, err) {
+		w.statusChanged()
 	}
 }
 
@@ -132,6 +140,9 @@ func (w *Runtime) rankAll(todo []*held) {
 func (w *Runtime) unhold(h *held) {
 	if w.queue.unhold(h) {
 		w.m.inFlight.Dec()
+		if h.attempts > 0 {
+			w.statusChanged()
+		}
 	}
 }
 

@@ -6,7 +6,8 @@ import "time"
 // long handler (or a long queue behind one key, or a key retrying for as
 // long as its dependency is down) live together; it lets lanes stop
 // waiting for an earlier event that did not come back in time, and
-// publishes the status of retrying and waiting keys. It returns once the
+// publishes the status of retrying and waiting keys: every status
+// interval, and at once when a key that was retrying settles. It returns once the
 // worker has stopped and every lane and confirmation is done.
 func (w *Runtime) heartbeats(stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
@@ -18,6 +19,10 @@ func (w *Runtime) heartbeats(stop <-chan struct{}, done chan<- struct{}) {
 		case <-stop:
 			w.publishStatus(true)
 			return
+		case <-w.statusNow:
+			lastStatus = w.now()
+			w.publishStatus(false)
+			continue
 		case <-t.C:
 		}
 		msgs, claimed, now := w.queue.tick()

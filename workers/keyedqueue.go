@@ -200,8 +200,9 @@ func (q *keyedQueue) takeHead(l *lane, h *held) bool {
 
 // retry puts h back at its place in l to be tried again after the next
 // interval of its backoff; err (nil for a settling step that failed) is
-// what the status document shows.
-func (q *keyedQueue) retry(l *lane, h *held, err error) {
+// what the status document shows. It reports whether this was h's first
+// failure, when its key starts being listed as retrying.
+func (q *keyedQueue) retry(l *lane, h *held, err error) (first bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	now := q.now()
@@ -219,6 +220,7 @@ func (q *keyedQueue) retry(l *lane, h *held, err error) {
 	}
 	h.retryAt = now.Add(delay)
 	l.insert(h)
+	return h.attempts == 1
 }
 
 // waitBehind puts h back in l, still held (and heartbeated, so waiting

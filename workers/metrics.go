@@ -1,7 +1,9 @@
 package workers
 
 import (
+	"encoding/json"
 	"errors"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -37,6 +39,7 @@ type metrics struct {
 	oldestHeld  *prometheus.GaugeVec
 	dlqFailed   *prometheus.CounterVec
 	forged      *prometheus.CounterVec
+	refusals    *prometheus.CounterVec
 }
 
 // instanceMetrics are one worker instance's children of the vectors,
@@ -54,6 +57,10 @@ type instanceMetrics struct {
 	oldestHeld  prometheus.Gauge
 	dlqFailed   prometheus.Counter
 	forged      map[events.DocKind]prometheus.Counter
+	// refusals is the vector itself: refusals are rare, and their rules
+	// are known only when one is emitted.
+	refusals         *prometheus.CounterVec
+	worker, instance string
 }
 
 func (m *metrics) forInstance(worker, instance string) *instanceMetrics {
@@ -71,6 +78,8 @@ func (m *metrics) forInstance(worker, instance string) *instanceMetrics {
 		oldestHeld:  m.oldestHeld.With(l),
 		dlqFailed:   m.dlqFailed.With(l),
 		forged:      map[events.DocKind]prometheus.Counter{},
+		refusals:    m.refusals,
+		worker:      worker, instance: instance,
 	}
 	for _, k := range events.DocKinds {
 		im.forged[k] = m.forged.With(prometheus.Labels{"worker": worker, "instance": instance, "kind": string(k)})
@@ -79,6 +88,26 @@ func (m *metrics) forInstance(worker, instance string) *instanceMetrics {
 		im.results[r] = m.events.With(prometheus.Labels{"worker": worker, "instance": instance, "result": r})
 	}
 	return im
+}
+
+// emitted counts an outcome of type typ that is a refusal (refused, or a
+// worker's own kind such as join's floor-refused) under the rule its data
+// names: a short name from the worker's code, never the reason's text. A
+// rule that is not such a name is counted as "unnamed", so no event can
+// grow the metric's labels.
+func (im *instanceMetrics) emitted(noun, typ string, data []byte) {
+	outcome := strings.TrimSuffix(strings.TrimPrefix(typ, "dev.steward."+noun+"."), ".v1")
+	if outcome != "refused" && !strings.HasSuffix(outcome, "-refused") {
+		return
+	}
+	var named struct {
+		Rule string `json:"rule"`
+	}
+	rule := "unnamed"
+	if json.Unmarshal(data, &named) == nil && events.CheckKey(named.Rule) == nil && len(named.Rule) <= 32 {
+		rule = named.Rule
+	}
+	im.refusals.With(prometheus.Labels{"worker": im.worker, "instance": im.instance, "outcome": outcome, "rule": rule}).Inc()
 }
 
 // count counts one delivery under its result.
@@ -154,5 +183,9 @@ func newMetrics(r prometheus.Registerer) *metrics {
 			Name: "steward_forged_documents_total",
 			Help: "Documents of the instance's in the checkpoint bucket that did not verify for their writer, by kind; each was not believed and fell back (docs/design.md §7).",
 		}, append(labels, "kind"))),
+		refusals: register(r, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "steward_refusals_total",
+			Help: "Refusals the worker's rules made (outcomes refused, or a worker's own such as floor-refused), by the rule the outcome names; the reason is in the outcome and in steward history.",
+		}, append(labels, "outcome", "rule"))),
 	}
 }

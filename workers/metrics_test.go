@@ -2,6 +2,8 @@ package workers_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -90,4 +92,33 @@ func TestMetricsSayWhatAnOperatorAlertsOn(t *testing.T) {
 	workertest.WaitUntil(t, "nothing is held or retrying any more", func() bool {
 		return metric(t, reg, "steward_events_oldest_unsettled_seconds") == 0 && metric(t, reg, "steward_keys_retrying") == 0
 	})
+}
+
+// TestRefusalsAreCountedByTheirRule: an operator alerts on a rule (a
+// downgrade, a bad signature), never on a reason's text, and no event can
+// make a label of its own.
+func TestRefusalsAreCountedByTheirRule(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	reg := prometheus.NewRegistry()
+	r := workertest.Start(t, js, spec("rules"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		rule := map[uint64]string{1: "downgrade", 2: "downgrade", 3: "a rule of free text, 1.2.3 > 1.2.0"}[versionOf(t, d)]
+		if err := d.Emit(ctx, "refused", map[string]string{"rule": rule, "reason": "release 1.1.0 is older than the installed 1.2.0"}); err != nil {
+			return err
+		}
+		return workers.Refused(errors.New(rule))
+	}), workers.WithRegisterer(reg))
+	for v := uint64(1); v <= 3; v++ {
+		publishRotation(t, js, fmt.Sprintf("hive-r%d", v), v)
+	}
+	workertest.WaitIdle(t, js, r.ConsumerName())
+	workertest.WaitUntil(t, "three refusals are counted", func() bool {
+		return metric(t, reg, "steward_refusals_total") == 3
+	})
+	if n := metric(t, reg, "steward_refusals_total", "rule", "downgrade", "outcome", "refused", "instance", "rules"); n != 2 {
+		t.Fatalf("refusals by rule downgrade: %v, want 2", n)
+	}
+	if n := metric(t, reg, "steward_refusals_total", "rule", "unnamed"); n != 1 {
+		t.Fatalf("a rule that is no name is counted as unnamed: %v, want 1", n)
+	}
 }

@@ -266,6 +266,30 @@ func TestRetryingKeysAreInTheStatusDocumentWithSecretsElided(t *testing.T) {
 	})
 }
 
+// TestTheStatusDocumentSaysAtOnceWhenAKeyStartsAndStopsRetrying holds the
+// interval at an hour, so only the runtime's prompt write can show a key
+// retrying and then show it settled.
+func TestTheStatusDocumentSaysAtOnceWhenAKeyStartsAndStopsRetrying(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	dep := &dependency{down: true}
+	r := workertest.Start(t, js, spec("prompt"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		return dep.call()
+	}), cappedBackoff(50*time.Millisecond), workers.WithStatusInterval(time.Hour))
+	docs := workertest.OperatorDocs(t, js)
+	publishRotation(t, js, "hive-p", 1)
+	workertest.WaitUntil(t, "the status document shows hive-p retrying", func() bool {
+		s, ok, err := readStatus(docs, testWorker, "prompt")
+		return err == nil && ok && len(s.Retrying) == 1 && s.Retrying[0].Key == "hive-p"
+	})
+	dep.set(false)
+	workertest.WaitIdle(t, js, r.ConsumerName())
+	workertest.WaitUntil(t, "the status document shows hive-p settled", func() bool {
+		s, ok, err := readStatus(docs, testWorker, "prompt")
+		return err == nil && ok && len(s.Retrying) == 0
+	})
+}
+
 // readStatus reads the status document of a worker instance as it is
 // stored, unredacted: a missing one (nothing ever retried) is false, and
 // one that does not verify as the instance's is an error.

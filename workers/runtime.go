@@ -56,6 +56,10 @@ type Runtime struct {
 
 	// lastStatus is the status document last written (without its time).
 	lastStatus []byte
+	// statusNow asks the heartbeats to write the status document at once:
+	// a key that was listed as retrying has settled, and status must not
+	// go on showing it for up to an interval.
+	statusNow chan struct{}
 	// forged is what the instance found forged in the bucket
 	// (documents.go); ephemeralKey says its document key lives only in
 	// this process.
@@ -155,6 +159,7 @@ func newRuntime(js jetstream.JetStream, spec Spec, h Handler, o options, opts []
 		sem:          make(chan struct{}, o.concurrency),
 		runners:      newRunners(),
 		stop:         make(chan struct{}),
+		statusNow:    make(chan struct{}, 1),
 	}
 	w.exec = &executor{handler: h, maxPanics: o.maxPanics, panics: in.m.panics}
 	w.settler = &settler{instance: in, cps: w.cps, runners: w.runners}

@@ -51,6 +51,17 @@ func (w *Runtime) publishStatus(final bool) {
 	w.lastStatus = raw
 }
 
+// statusChanged has the status document written at once, not at the next
+// interval: a key started or stopped retrying, and status must say so
+// while it is true (it used to list a settled key as retrying for up to
+// five seconds).
+func (w *Runtime) statusChanged() {
+	select {
+	case w.statusNow <- struct{}{}:
+	default:
+	}
+}
+
 func processName() string {
 	host, _ := os.Hostname()
 	return fmt.Sprintf("%s-%d", host, os.Getpid())

@@ -62,8 +62,13 @@ writes under <dir>/creds (0600): operator.creds, publisher.creds (the
 ingress), and <worker>-<instance>.creds per worker. More can be issued with
 steward creds issue --account-seed <dir>/nats-auth/signing.nk.
 
-The NATS URL is printed on the first line, with the credentials to export
-and the nats CLI line; then what runs and how to publish.
+The NATS URL is printed on the first line, with the credentials to export,
+the nats CLI line and the nats contexts dev saved (steward-dev-operator,
+steward-dev-publisher); then what runs and how to publish. Every printed
+command carries its credentials (a context, a credentials file or the
+token), and the releases they publish are signed in dev's registry above the
+version the converge install is at, which dev reads from the bucket at
+every start.
 SIGINT or SIGTERM stops it gracefully. Everything it made stays in --dir and
 is reused by the next run.`,
 		Args: cobra.NoArgs,
@@ -135,13 +140,13 @@ func (d devIdentity) DocumentKeys(creds, by string) (*proof.Signer, *proof.Verif
 func printDev(out io.Writer, g *globals, s *devstack.Stack) {
 	url := s.URL()
 	fmt.Fprintf(out, "NATS with JetStream: %s (store %s; closed: JWT authentication, credentials in %s)\n", url, s.StoreDir(), s.CredsDir)
-	fmt.Fprintf(out, "  export STEWARD_NATS_URL=%s STEWARD_NATS_CREDS=%s   # for the steward commands below, as the operator\n", url, s.OperatorCreds)
+	fmt.Fprintf(out, "  export STEWARD_NATS_URL=%s STEWARD_NATS_CREDS=%s   # for steward commands of your own, as the operator\n", url, s.OperatorCreds)
 	fmt.Fprintf(out, "  nats --server %s --creds %s stream ls   # the nats CLI, as the operator\n", url, s.OperatorCreds)
 	fmt.Fprintf(out, "  publishers: %s (publishes steward.events.> only); each worker instance: %s\n", s.PublisherCreds, filepath.Join(s.CredsDir, "<worker>-<instance>.creds"))
 	// Contexts the nats CLI and steward both read, so an operator names
 	// the server and credentials once (never over a context dev did not
 	// write).
-	for _, c := range []struct{ name, creds string }{{"steward-dev-operator", s.OperatorCreds}, {"steward-dev-publisher", s.PublisherCreds}} {
+	for _, c := range []struct{ name, creds string }{{devOperatorContext, s.OperatorCreds}, {devPublisherContext, s.PublisherCreds}} {
 		wrote, err := writeDevContext(c.name, url, c.creds, s.Dir)
 		switch {
 		case err != nil:
@@ -150,7 +155,7 @@ func printDev(out io.Writer, g *globals, s *devstack.Stack) {
 			fmt.Fprintf(out, "  (a nats context %s exists that dev did not write: kept, so the --context lines below use it)\n", c.name)
 		}
 	}
-	fmt.Fprintf(out, "  steward --context steward-dev-operator status   # or: nats --context steward-dev-operator stream ls\n")
+	fmt.Fprintf(out, "  nats --context %s stream ls   # the same through the nats contexts dev wrote, %s and %s, which steward --context reads too\n", devOperatorContext, devOperatorContext, devPublisherContext)
 	fmt.Fprintf(out, "streams: %s, %s, %s; bucket %s (made by dev as the operator; workers may not)\n", events.StreamEvents, events.StreamOutcomes, events.StreamDLQ, events.CheckpointBucket)
 	base := "http://" + s.HTTP
 	fmt.Fprintf(out, "console: %s/  (log in with the token; with the scoped token in %s to publish %s's rotations and %s's grants)\n", base, s.ScopedTokenFile, credential.DevHive, provision.DevMachine)
@@ -165,10 +170,10 @@ func printDev(out io.Writer, g *globals, s *devstack.Stack) {
 		}
 		fmt.Fprintf(out, "%s is running: consumer %s on %s\n", w.Name, w.Runtime.ConsumerName(), strings.Join(w.Spec.Subjects, ", "))
 		for _, l := range w.Lines {
-			fmt.Fprintf(out, "  %s\n", l)
+			fmt.Fprintf(out, "  %s\n", withPublisherContext(l))
 		}
 	}
-	printHowToPublish(out, url, base, s.Token, s.PublisherCreds)
+	printHowToPublish(out, url, base, s.Token, s.PublisherCreds, s.Converge.Next()[2:5])
 	fmt.Fprintln(out, "steward dev is running; Ctrl-C stops it")
 }
 
@@ -183,7 +188,7 @@ func printPostgres(out io.Writer, pg *devstack.Postgres) {
 		srv := pg.Server
 		fmt.Fprintf(out, "PostgreSQL: 127.0.0.1:%d, a private cluster in %s (%s, up in %s), run as the %s user from %s; stopped with dev\n",
 			srv.Port, srv.Dir, pg.State, pg.Took.Round(time.Millisecond), srv.User, srv.Bin)
-		fmt.Fprintf(out, "  its superuser: psql \"host=127.0.0.1 port=%d user=%s dbname=postgres\"   (log %s)\n", srv.Port, pgserver.Superuser, srv.LogFile)
+		fmt.Fprintf(out, "  its superuser: psql \"host=127.0.0.1 port=%d user=%s dbname=postgres\"   # its log: %s\n", srv.Port, pgserver.Superuser, srv.LogFile)
 	}
 }
 
@@ -207,15 +212,35 @@ func describeDatabaseURL(u string) string {
 	}
 	return fmt.Sprintf("%s:%d as %s, database %s", cc.Host, cc.Port, cc.User, cc.Database)
 }
-func printHowToPublish(out io.Writer, natsURL, base, token, publisherCreds string) {
+
+// The nats contexts dev writes for its operator and its publishers; the
+// commands it prints name them, so each works pasted on its own.
+const (
+	devOperatorContext  = "steward-dev-operator"
+	devPublisherContext = "steward-dev-publisher"
+)
+
+// withPublisherContext makes a worker's publish line carry the publishers'
+// context: a worker's lines name no server, since its package does not
+// know dev's.
+func withPublisherContext(line string) string {
+	return strings.ReplaceAll(line, "go run ./cmd/steward publish", "go run ./cmd/steward --context "+devPublisherContext+" publish")
+}
+
+// printHowToPublish prints three ways to publish a release, one for each
+// of versions (three releases dev's registry holds above the converge
+// lines' two, so each applies in turn).
+func printHowToPublish(out io.Writer, natsURL, base, token, publisherCreds string, versions []string) {
 	typ := events.TypeReleasePublished
 	fmt.Fprintf(out, `
-how to publish an event (here a release; any program that sets NATS headers can):
-  go run ./cmd/steward publish --nats-url %[1]s --nats-creds %[6]s --type %[2]s --data '{"version":"1.2.3"}'
-  nats --server %[1]s --creds %[6]s pub steward.events.release.published --header ce-specversion:1.0 --header ce-type:%[2]s --header ce-source:/cli --header ce-id:rel-1.2.3 --header ce-subject:1.2.3 --header content-type:application/json '{"version":"1.2.3"}'
-  curl -H 'Authorization: Bearer %[4]s' -H 'ce-specversion: 1.0' -H 'ce-type: %[2]s' -H 'ce-source: /cli' -H 'ce-id: rel-1.2.3' -H 'ce-subject: 1.2.3' -H 'content-type: application/json' -d '{"version":"1.2.3"}' %[3]s%[5]s
-then look: go run ./cmd/steward --context steward-dev-operator status  |  go run ./cmd/steward --context steward-dev-operator dlq ls
-`, natsURL, typ, base, token, publisher.IngressPath, publisherCreds)
+how to publish an event, three ways (here the releases %[7]s, %[8]s and %[9]s, in turn; any program that sets NATS headers can):
+  go run ./cmd/steward publish --nats-url %[1]s --nats-creds %[6]s --type %[2]s --data '{"version":"%[7]s"}'
+  nats --server %[1]s --creds %[6]s pub steward.events.release.published --header ce-specversion:1.0 --header ce-type:%[2]s --header ce-source:/cli --header ce-id:rel-%[8]s --header ce-subject:%[8]s --header content-type:application/json '{"version":"%[8]s"}'
+  curl --fail-with-body -H 'Authorization: Bearer %[4]s' -H 'ce-specversion: 1.0' -H 'ce-type: %[2]s' -H 'ce-source: /cli' -H 'ce-id: rel-%[9]s' -H 'ce-subject: %[9]s' -H 'content-type: application/json' -d '{"version":"%[9]s"}' %[3]s%[5]s
+then look:
+  go run ./cmd/steward --context %[10]s status
+  go run ./cmd/steward --context %[10]s dlq ls
+`, natsURL, typ, base, token, publisher.IngressPath, publisherCreds, versions[0], versions[1], versions[2], devOperatorContext)
 }
 
 // oneLine keeps a multi-line reason on one printed line.

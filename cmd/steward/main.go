@@ -148,7 +148,7 @@ Every flag has an environment twin, STEWARD_<FLAG> with '-' as '_'
 	pf.IntVar(&g.replicas, "replicas", 1, "replicas of the streams and the checkpoint bucket (3 on a three-node cluster)")
 	pf.StringVar(&g.httpAddr, "http-addr", "", "address to serve /metrics, /healthz and /readyz on (empty: none)")
 	pf.StringVar(&g.logLevel, "log-level", "info", "log level: trace, debug, info, warn or error")
-	pf.StringVar(&g.logFormat, "log-format", "json", "log format: json or console")
+	pf.StringVar(&g.logFormat, "log-format", "", "log format: json or console (empty: console when stderr is a terminal, so an operator's audit lines read as lines beside a table, and json otherwise, as services and collectors want)")
 
 	root.AddCommand(
 		newWorkerCmd(g), newPublishCmd(g), newServeCmd(g), newExportCmd(g),
@@ -167,7 +167,14 @@ func (g *globals) setup(stderr io.Writer) error {
 		return fmt.Errorf("--log-level %q: want trace, debug, info, warn or error", g.logLevel)
 	}
 	var out io.Writer
-	switch g.logFormat {
+	format := g.logFormat
+	if format == "" {
+		format = "json"
+		if isTerminal(stderr) {
+			format = "console"
+		}
+	}
+	switch format {
 	case "json":
 		out = stderr
 	case "console":

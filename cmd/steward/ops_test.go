@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
@@ -125,6 +126,31 @@ func TestOpsStatusCommand(t *testing.T) {
 	_, _, err := opsRun(t, empty.URL(), newStatusCmd)
 	if err == nil || !strings.Contains(err.Error(), empty.URL()) || !strings.Contains(err.Error(), "STEWARD_NATS_URL") {
 		t.Fatalf("status on a server without streams: %v", err)
+	}
+}
+
+// TestOpsStatusSaysWhyLettersWait: an instance with dead letters shows its
+// newest letter's reason in the table and the JSON (secret elided), so an
+// operator sees why without a second command.
+func TestOpsStatusSaysWhyLettersWait(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	w := workertest.Start(t, js, testSpec("h2"), workers.HandlerFunc(func(context.Context, *workers.Delivery) error {
+		return workers.Permanent(fmt.Errorf("the hive's folder is gone, ciphertext %s", testSecret))
+	}))
+	publishRotation(t, js, "h2", 1)
+	workertest.WaitIdle(t, js, w.ConsumerName())
+	var out string
+	workertest.WaitUntil(t, "status shows the newest dead letter's reason", func() bool {
+		out = opsOK(t, srv.URL(), newStatusCmd)
+		return strings.Contains(out, "LAST DEAD LETTER IN")
+	})
+	if !strings.Contains(out, "rot-h2-1") || !strings.Contains(out, "the hive's folder is gone") || strings.Contains(out, "c2VjcmV0") {
+		t.Fatalf("status:\n%s", out)
+	}
+	st := decodeJSON[ops.Status](t, opsOK(t, srv.URL(), newStatusCmd, "--json"))
+	if l := st.Instances[0].LastDeadLetter; l == nil || l.EventID != "rot-h2-1" || l.Key != "h2" || !strings.Contains(l.Reason, "folder is gone") || strings.Contains(l.Reason, "c2VjcmV0") {
+		t.Fatalf("status --json: last dead letter %+v", st.Instances[0].LastDeadLetter)
 	}
 }
 
@@ -345,8 +371,20 @@ func TestOpsReplayCountsAndMarks(t *testing.T) {
 		}
 	}
 
+	// One old invalid event (published before a schema check, say) is
+	// reported, and fails no replay for as long as the stream keeps it.
+	bad := nats.NewMsg(events.EventsPrefix + ".credential.rotated." + cfg.Hive)
+	for k, v := range map[string]string{"ce-specversion": "1.0", "ce-type": events.TypeCredentialRotated, "ce-source": "/old",
+		"ce-id": "old-invalid", "ce-subject": cfg.Hive, "content-type": "application/json"} {
+		bad.Header.Set(k, v)
+	}
+	bad.Data = []byte(`{"hive":"` + cfg.Hive + `","version":"one"}`)
+	if _, err := js.PublishMsg(context.Background(), bad); err != nil {
+		t.Fatal(err)
+	}
+
 	out := opsOK(t, srv.URL(), newReplayCmd, append([]string{"credential", "--dry-run"}, flags...)...)
-	if !strings.Contains(out, "2 events, 2 would be handled, 0 invalid") {
+	if !strings.Contains(out, "3 events, 2 would be handled, 1 invalid") {
 		t.Fatalf("dry run:\n%s", out)
 	}
 	if _, err := js.Consumer(ctx, events.StreamEvents, "credential-"+cfg.Hive); err == nil {
@@ -356,7 +394,7 @@ func TestOpsReplayCountsAndMarks(t *testing.T) {
 	// Version 2 applies; version 1, older, is refused by the handler's
 	// rules (its outcome says skipped).
 	out = opsOK(t, srv.URL(), newReplayCmd, append([]string{"credential"}, flags...)...)
-	if !strings.Contains(out, "replayed 2 events through credential-"+cfg.Hive+": 1 applied, 0 failed, 0 unchanged, 1 refused") ||
+	if !strings.Contains(out, "replayed 3 events through credential-"+cfg.Hive+": 1 applied, 0 failed, 0 unchanged, 1 refused") || !strings.Contains(out, "1 invalid") ||
 		!strings.Contains(out, "refused (outcomes: skipped)") {
 		t.Fatalf("replay:\n%s", out)
 	}
@@ -364,7 +402,7 @@ func TestOpsReplayCountsAndMarks(t *testing.T) {
 	// than "2 applied".
 	raw := opsOK(t, srv.URL(), newReplayCmd, append([]string{"credential", "--json"}, flags...)...)
 	rep := decodeJSON[replayReport](t, raw)
-	if rep.Total != 2 || rep.Counts[workers.ReplayApplied] != 0 || len(rep.Events) != 2 || rep.Events[0].Outcomes[0] != "skipped" {
+	if rep.Total != 3 || rep.Counts[workers.ReplayApplied] != 0 || len(rep.Events) != 3 || rep.Events[0].Outcomes[0] != "skipped" {
 		t.Fatalf("replay --json:\n%s", raw)
 	}
 	if _, err := js.Consumer(ctx, events.StreamEvents, "credential-"+cfg.Hive); err == nil {

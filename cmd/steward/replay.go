@@ -69,7 +69,11 @@ A replay creates no durable state: no consumer, stream or bucket.
 
 One line is printed per event, then a summary (--json: one report); progress
 goes to stderr when it takes over a second. The exit status is 1 when an event
-failed, is invalid or would be dead-lettered (outside --dry-run).`,
+failed or would be dead-lettered (outside --dry-run). An invalid event is
+reported and counted, and does not fail the replay: the stream keeps what was
+published, and the consumer dead-lettered it when it came (steward dlq ls), so
+one old invalid event would otherwise fail every replay for as long as the
+stream keeps it.`,
 		Example: `  steward replay credential --hive h1 --since 1h --dry-run
   steward replay credential --hive h1 --age-identity h1.key --credential-dir /run/h1 --since 1h`,
 	}
@@ -161,9 +165,9 @@ failed, is invalid or would be dead-lettered (outside --dry-run).`,
 			} else {
 				fmt.Fprintln(stdout, replaySummary(rep))
 			}
-			bad := rep.Counts[workers.ReplayFailed] + rep.Counts[workers.ReplayDeadLetter] + rep.Counts[workers.ReplayInvalid]
+			bad := rep.Counts[workers.ReplayFailed] + rep.Counts[workers.ReplayDeadLetter]
 			if !dryRun && bad > 0 {
-				return fmt.Errorf("%d of %d replayed events failed, are invalid or would be dead-lettered (see the report above): fix the cause, then replay from the first of them", bad, rep.Total)
+				return fmt.Errorf("%d of %d replayed events failed or would be dead-lettered (see the report above): fix the cause, then replay from the first of them", bad, rep.Total)
 			}
 			return nil
 		}

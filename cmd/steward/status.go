@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -139,6 +140,21 @@ func printStatus(w io.Writer, st *ops.Status) error {
 			}
 		}
 		t.line("(each was not believed and fell back safely; revoke the credentials of the identity that wrote it, docs/design.md §7)")
+	}
+	if slices.ContainsFunc(st.Instances, func(in ops.Instance) bool { return in.LastDeadLetter != nil }) {
+		// Why an instance has letters waiting, without a second command:
+		// its newest letter's reason (steward dlq ls lists them all).
+		t.line("")
+		t.row("LAST DEAD LETTER IN", "KEY", "EVENT", "STORED", "REASON")
+		for _, in := range st.Instances {
+			if l := in.LastDeadLetter; l != nil {
+				reason := l.Reason
+				if l.Forged != "" {
+					reason = "FORGED: " + l.Forged
+				}
+				t.row(in.Name, cell(l.Key), cell(l.EventID), ago(now, l.Time), reason)
+			}
+		}
 	}
 	if retrying {
 		t.line("")

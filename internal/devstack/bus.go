@@ -99,6 +99,7 @@ func (s *Stack) setup(ctx context.Context) error {
 	if docs == nil {
 		return fmt.Errorf("the bucket %s was not found after setting it up", events.CheckpointBucket)
 	}
+	s.opDocs = docs
 	_, err = docs.RecordUpgrade(ctx)
 	return err
 }

@@ -19,9 +19,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/natsauth"
 	"github.com/steward-dev/steward/internal/proof"
 	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/converge"
 )
 
 // Identity is how a part of the stack connects to the embedded server with
@@ -49,7 +51,8 @@ type Worker struct {
 	Name string
 	// Dev builds the instance, its keys and fixtures under dir, with the
 	// lines telling a newcomer how to feed it. The provision worker's is
-	// replaced by one against the stack's PostgreSQL.
+	// replaced by one against the stack's PostgreSQL, and converge's by
+	// one built from its installed version as the bucket holds it.
 	Dev func(ctx context.Context, dir string) (Service, []string, error)
 }
 
@@ -74,15 +77,21 @@ type Stack struct {
 	Postgres *Postgres
 	// Workers are the workers, in the order given, running or not.
 	Workers []WorkerState
+	// Converge is converge's development install as the bucket held it
+	// at start: its lines converge to the first two of Converge.Next, and
+	// the command prints its ways to publish with the next three.
+	Converge converge.DevState
 
-	id    Identity
-	o     options
-	auth  *natsauth.Authority
-	opNC  *nats.Conn
-	opJS  jetstream.JetStream
-	pubNC *nats.Conn
-	pubJS jetstream.JetStream
-	pg    chan *Postgres
+	id   Identity
+	o    options
+	auth *natsauth.Authority
+	opNC *nats.Conn
+	opJS jetstream.JetStream
+	// opDocs is the bucket as the operator reads it.
+	opDocs *events.Store
+	pubNC  *nats.Conn
+	pubJS  jetstream.JetStream
+	pg     chan *Postgres
 	// stops undo what Start did, last first.
 	stops     []func()
 	conns     []*nats.Conn

@@ -75,7 +75,7 @@ func TestStackStartsClosedAndStopsWhole(t *testing.T) {
 	spec := converge.SpecFor("dev")
 	s := New(dir, credsIdentity{}, WithNATSListen("127.0.0.1:0"), WithHTTPListen("127.0.0.1:0"), WithPGBin(t.TempDir()),
 		WithWorkers(
-			Worker{Name: "converge", Dev: func(context.Context, string) (Service, []string, error) { return echo{spec}, []string{"feed it"}, nil }},
+			Worker{Name: "echo", Dev: func(context.Context, string) (Service, []string, error) { return echo{spec}, []string{"feed it"}, nil }},
 			Worker{Name: "broken", Dev: func(context.Context, string) (Service, []string, error) { return nil, nil, errors.New("no fixture") }},
 		))
 	t.Cleanup(func() { _ = s.Stop() })
@@ -87,7 +87,7 @@ func TestStackStartsClosedAndStopsWhole(t *testing.T) {
 		t.Fatal("the embedded server took a connection without credentials")
 	}
 	if len(s.Workers) != 2 || s.Workers[0].Err != nil || s.Workers[0].Runtime == nil || s.Workers[1].Err == nil {
-		t.Fatalf("workers %+v: want converge running and broken not", s.Workers)
+		t.Fatalf("workers %+v: want echo running and broken not", s.Workers)
 	}
 	if s.Postgres.URL != "" || s.Postgres.Why == nil || !strings.Contains(s.Postgres.Why.Error(), "--database-url") {
 		t.Fatalf("postgres %+v: want none, saying what to do", s.Postgres)

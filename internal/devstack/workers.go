@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/natsauth"
 	"github.com/steward-dev/steward/internal/redact"
 	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/converge"
 	"github.com/steward-dev/steward/workers/provision"
 )
 
@@ -64,19 +66,52 @@ func (s *Stack) startWorker(ctx, runCtx context.Context, w Worker) WorkerState {
 }
 
 // devService builds a worker's development instance; provision's runs
-// against the stack's PostgreSQL, or not at all.
+// against the stack's PostgreSQL, or not at all, and converge's from what
+// the bucket holds of its install.
 func (s *Stack) devService(ctx context.Context, w Worker) (Service, []string, error) {
-	if w.Name != provision.Name {
+	switch w.Name {
+	case converge.Name:
+		return s.convergeService(ctx)
+	case provision.Name:
+		return s.provisionService(ctx)
+	default:
 		return w.Dev(ctx, s.Dir)
 	}
+}
+
+// provisionService builds provision's development instance against the
+// stack's PostgreSQL.
+func (s *Stack) provisionService(ctx context.Context) (Service, []string, error) {
 	if s.Postgres.URL == "" {
 		return nil, nil, fmt.Errorf("it needs PostgreSQL: %s; grant events wait in the stream until it runs", redact.Line(s.Postgres.Why.Error()))
 	}
 	cfg, lines, err := provision.DevAt(ctx, s.Dir, s.Postgres.URL)
+	return built(provision.New, cfg, lines, err)
+}
+
+// convergeService builds converge's development instance from its
+// installed-version document, read as the operator and believed only as
+// converge's own (events.Store verifies it), so a restarted dev says the
+// version the install is at and offers the releases above it, never a
+// first start or a downgrade.
+func (s *Stack) convergeService(ctx context.Context) (Service, []string, error) {
+	doc, err := s.opDocs.Get(ctx, events.StateKey(converge.Name, converge.DevInstall, converge.InstalledDoc))
+	if err != nil {
+		return nil, nil, fmt.Errorf("converge's installed version: %w", err)
+	}
+	s.Converge = converge.DevStateOf(doc)
+	cfg, lines, err := converge.DevFrom(ctx, s.Dir, s.Converge)
+	return built(converge.New, cfg, lines, err)
+}
+
+// built makes the worker of a development Config (err is the Config's
+// own failure), returning a nil interface, not a nil *Worker inside one,
+// when it fails.
+func built[C any, W Service](newWorker func(C) (W, error), cfg C, lines []string, err error) (Service, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	h, err := provision.New(cfg)
+	h, err := newWorker(cfg)
 	if err != nil {
 		return nil, nil, err
 	}

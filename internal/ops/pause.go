@@ -68,7 +68,33 @@ func Resume(ctx context.Context, js jetstream.JetStream, docs *events.Store, wor
 	if err != nil {
 		return Paused{}, fmt.Errorf("resume %s on %s: %w", name, ServerURL(js), err)
 	}
+	wakeConsumer(js, name)
 	return pausedOf(name, resp), nil
+}
+
+// wakeWindow is how long the wake-up's pull request waits at the server.
+const wakeWindow = 500 * time.Millisecond
+
+// wakeConsumer has the server hand a resumed consumer's held events to the
+// pulls that waited through the pause. nats-server (2.11 to 2.15) resumes
+// a consumer without looking at its waiting pulls again, so they got
+// nothing until they expired and the worker pulled anew: half a minute
+// (steward resume used to say the events flow again, and the held event
+// applied 27 s later). Any new pull request makes the server look; this
+// one asks for at most one byte, so it is refused every event (409
+// Message Size Exceeds MaxBytes) and takes none of them: the worker's own
+// pull, waiting ahead of it, gets them. Nobody waits for its answer. Best
+// effort: the consumer is resumed whatever happens here, and at worst its
+// pull's expiry delivers.
+func wakeConsumer(js jetstream.JetStream, name string) {
+	nc := js.Conn()
+	if nc == nil {
+		return
+	}
+	req := fmt.Sprintf(`{"batch":1,"max_bytes":1,"expires":%d}`, wakeWindow.Nanoseconds())
+	if err := nc.PublishRequest(fmt.Sprintf("$JS.API.CONSUMER.MSG.NEXT.%s.%s", events.StreamEvents, name), nc.NewInbox(), []byte(req)); err == nil {
+		_ = nc.FlushTimeout(wakeWindow)
+	}
 }
 
 func pausedOf(name string, resp *jetstream.ConsumerPauseResponse) Paused {

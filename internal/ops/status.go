@@ -140,6 +140,11 @@ type Instance struct {
 	// PausedUntil is set while an operator's pause holds.
 	PausedUntil *time.Time `json:"pausedUntil,omitempty"`
 	DeadLetters uint64     `json:"deadLetters"`
+	// LastDeadLetter is the newest of them, with its reason (secrets
+	// elided) and marked forged when it does not verify as the
+	// instance's: why the instance has letters waiting, without a second
+	// command (only for the instances shown in detail).
+	LastDeadLetter *Letter `json:"lastDeadLetter,omitempty"`
 	// Retrying and Waiting are the status document's keys, errors elided.
 	Retrying []events.RetryingKey `json:"retrying"`
 	Waiting  []events.WaitingKey  `json:"waiting"`
@@ -163,6 +168,19 @@ type Instance struct {
 
 	filters []string
 	ackSeq  uint64
+}
+
+// lastLetter reads the newest dead letter of in, checked as ListLetters
+// checks each; nil when it cannot be read (the status shows the count
+// all the same, and steward dlq ls lists them).
+func lastLetter(ctx context.Context, dlq jetstream.Stream, in Instance, p Proofs) *Letter {
+	m, err := dlq.GetLastMsgForSubject(ctx, events.DLQSubject(in.Worker, in.Instance))
+	if err != nil {
+		return nil
+	}
+	l := LetterOf(m.Sequence, m.Subject, m.Time, m.Header, m.Data)
+	l.Forged, l.Unverified = p.letter(l.Raw, m.Time)
+	return &l
 }
 
 // Unsettled is every event the instance has not settled yet.
@@ -245,13 +263,23 @@ func GetStatus(ctx context.Context, js jetstream.JetStream, o StatusOptions) (*S
 		list = list[:limit]
 	}
 	// Only the instances shown cost a request each: the stored time of
-	// their oldest unsettled event.
+	// their oldest unsettled event, and their newest dead letter.
+	var dlq jetstream.Stream
+	if slices.ContainsFunc(list, func(in Instance) bool { return in.DeadLetters > 0 }) {
+		var err error
+		if dlq, err = streamOrNone(ctx, js, events.StreamDLQ); err != nil {
+			return nil, err
+		}
+	}
 	for i := range list {
 		if evStream != nil && list[i].Unsettled() > 0 {
 			if t, ok := oldestUnsettled(ctx, evStream, list[i]); ok {
 				list[i].OldestPending = &t
 				list[i].OldestPendingSeconds = now.Sub(t).Seconds()
 			}
+		}
+		if dlq != nil && list[i].DeadLetters > 0 {
+			list[i].LastDeadLetter = lastLetter(ctx, dlq, list[i], ProofsOf(o.Docs))
 		}
 	}
 	st.Instances = list

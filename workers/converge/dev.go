@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
+	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/signing"
 )
 
@@ -20,12 +22,79 @@ const (
 	DevExecCommand = `echo converging "$STEWARD_INSTALL" from "$STEWARD_FROM_VERSION" to "$STEWARD_TARGET_VERSION" with "$STEWARD_IMAGE"`
 )
 
-// devReleases are the signed sample releases of the development registry:
-// two in a row, so a newcomer sees a converge, a refusal of the same
-// version, and the next converge.
-var devReleases = []Manifest{
-	{Schema: ManifestSchema, Version: "1.1.0", MinFromVersion: "1.0.0", OpsImage: devImage("1.1.0"), PublishedAt: "2026-01-15T09:00:00Z"},
-	{Schema: ManifestSchema, Version: "1.2.0", MinFromVersion: "1.1.0", OpsImage: devImage("1.2.0"), PublishedAt: "2026-02-15T09:00:00Z"},
+// DevReleaseCount is how many releases above the installed one the
+// development registry holds, each signed: the two the worker's lines
+// converge to, the three `steward dev` prints its ways to publish with, and
+// one more to go on with.
+const DevReleaseCount = 6
+
+// DevState is the development install as the checkpoint bucket holds it
+// when dev starts, read and verified before the worker runs, so what dev
+// prints follows from the install's state and not from a fixture.
+type DevState struct {
+	// Version is the installed version: the verified document's, else
+	// DevInstalledVersion.
+	Version string
+	// Said says where Version comes from, or why the document present
+	// was not believed.
+	Said string
+}
+
+// DevStateOf reads the development install's installed-version document as
+// the operator's store returned it (events.Store.Get of
+// events.StateKey(Name, DevInstall, InstalledDoc)).
+func DevStateOf(d events.Doc) DevState {
+	first := DevState{Version: DevInstalledVersion, Said: "first start: no installed-version document yet"}
+	switch {
+	case !d.Present():
+		return first
+	case !d.Trusted:
+		why := "it was not verified"
+		if d.Forgery != nil {
+			why = d.Forgery.Reason
+		}
+		return DevState{Version: DevInstalledVersion, Said: fmt.Sprintf("its installed-version document %s is not believed (%s), so the worker rebuilds it from its executions before the next release", d.Key, why)}
+	}
+	var doc Installed
+	if err := d.Decode(&doc); err != nil || events.CheckVersion(doc.Version) != nil {
+		return DevState{Version: DevInstalledVersion, Said: fmt.Sprintf("its installed-version document %s does not read as a version, so the worker rebuilds it from its executions before the next release", d.Key)}
+	}
+	switch {
+	case doc.Seed && doc.Version == DevInstalledVersion:
+		return DevState{Version: doc.Version, Said: fmt.Sprintf("the seed from --installed-version in %s, signed by %s: no release converged yet", d.Key, d.Info.Writer)}
+	case doc.Evidence == nil:
+		// The worker believes no other document without evidence
+		// (installed): it rebuilds it, and the version it records is
+		// the best guess of what the rebuild finds.
+		return DevState{Version: doc.Version, Said: fmt.Sprintf("as %s records it, without the signed evidence the worker believes, so it rebuilds it from its executions before the next release", d.Key)}
+	}
+	return DevState{Version: doc.Version, Said: fmt.Sprintf("recorded in %s, signed by %s, by event %s at %s", d.Key, d.Info.Writer, doc.EventID, doc.UpdatedAt.UTC().Format(time.RFC3339))}
+}
+
+// Next are the DevReleaseCount releases above Version, one minor version
+// apart (1.3.0, 1.4.0, ... above 1.2.0).
+func (st DevState) Next() []string {
+	v, err := events.ParseVersion(st.Version)
+	if err != nil {
+		v, _ = events.ParseVersion(DevInstalledVersion)
+	}
+	out := make([]string, 0, DevReleaseCount)
+	for range DevReleaseCount {
+		next := v.IncMinor()
+		v = &next
+		out = append(out, v.String())
+	}
+	return out
+}
+
+// devManifest is the sample release of version: installable from
+// DevInstalledVersion on, so the printed lines converge in whichever order
+// they are pasted and only a version at or below the installed one is
+// refused; deterministic, so a registry signed again holds the same.
+func devManifest(version string) Manifest {
+	v, _ := events.ParseVersion(version)
+	published := time.Date(2026+int(v.Major())-1, time.Month(v.Minor()), 15, 9, 0, 0, 0, time.UTC)
+	return Manifest{Schema: ManifestSchema, Version: version, MinFromVersion: DevInstalledVersion, OpsImage: devImage(version), PublishedAt: published.Format(time.RFC3339)}
 }
 
 // devImage is a pinned, made-up image reference: the exec runner only
@@ -41,8 +110,16 @@ func devImage(version string) string {
 // (registry/) holding sample releases signed as cosign 3 signs them (a
 // Sigstore bundle beside each manifest), reusing what exists, and returns
 // the Config of the development install: the exec runner with a harmless
-// command, installed version 1.0.0.
+// command, installed version 1.0.0. It is DevFrom for a first start.
 func Dev(ctx context.Context, dir string) (Config, []string, error) {
+	return DevFrom(ctx, dir, DevStateOf(events.Doc{}))
+}
+
+// DevFrom is Dev for the install in state st: the registry holds, signed,
+// the DevReleaseCount releases above st.Version (st.Next), and the lines
+// say the installed version and where it comes from, and converge to the
+// first two of them.
+func DevFrom(ctx context.Context, dir string, st DevState) (Config, []string, error) {
 	keys := filepath.Join(dir, "keys")
 	priv, pub := filepath.Join(keys, "cosign.key"), filepath.Join(keys, "cosign.pub")
 	reg := filepath.Join(dir, "registry")
@@ -68,7 +145,9 @@ func Dev(ctx context.Context, dir string) (Config, []string, error) {
 	if err != nil {
 		return Config{}, nil, fmt.Errorf("converge dev: %w", err)
 	}
-	for _, m := range devReleases {
+	next := st.Next()
+	for _, version := range next {
+		m := devManifest(version)
 		if err := ctx.Err(); err != nil {
 			return Config{}, nil, err
 		}
@@ -107,12 +186,15 @@ func Dev(ctx context.Context, dir string) (Config, []string, error) {
 		ExecCommand:      DevExecCommand,
 		TaskTimeout:      DefaultTaskTimeout,
 	}
+	publish := func(v string) string {
+		return fmt.Sprintf(`go run ./cmd/steward publish --type %s --data '{"version":"%s"}'`, events.TypeReleasePublished, v)
+	}
 	lines := []string{
-		fmt.Sprintf("converge: install %q at %s (first start), exec runner; signed releases 1.1.0 and 1.2.0 in %s, release key %s", DevInstall, DevInstalledVersion, reg, pub),
-		fmt.Sprintf("  sign another:       COSIGN_PASSWORD= cosign sign-blob --key %s --use-signing-config=false --tlog-upload=false --bundle <version>/%s <version>/%s", priv, BundleFile, ManifestFile),
-		`  converge to 1.1.0:  go run ./cmd/steward publish --type dev.steward.release.published.v1 --data '{"version":"1.1.0"}'`,
-		`  then to 1.2.0:      go run ./cmd/steward publish --type dev.steward.release.published.v1 --data '{"version":"1.2.0"}'`,
-		"  publishing an installed or older version again shows converge.refused; outcomes are on steward.outcomes.converge." + DevInstall,
+		fmt.Sprintf("converge: install %q at %s (%s), exec runner", DevInstall, st.Version, st.Said),
+		fmt.Sprintf("  signed releases %s to %s in %s, release key %s (signed as cosign 3 signs, with %s and an empty password; docs/operations.md signs another)", next[0], next[len(next)-1], reg, pub, priv),
+		fmt.Sprintf("  converge to %s:  %s", next[0], publish(next[0])),
+		fmt.Sprintf("  then to %s:      %s", next[1], publish(next[1])),
+		fmt.Sprintf("  publishing %s or an older version again shows converge.refused with its rule and reason; outcomes are on %s", st.Version, events.OutcomeSubject(Name, DevInstall)),
 	}
 	return cfg, lines, nil
 }
