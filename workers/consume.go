@@ -78,31 +78,16 @@ func (w *Runtime) serve(ctx context.Context, done <-chan struct{}, cancelHandler
 	return nil
 }
 
-// accept takes a message from the consumer and queues it behind its key.
+// accept takes a message from the source, with its metadata, and queues it
+// behind its key.
 // When that gives a lane work and the lane has no runner, it claims the
 // lane and returns what runs it, for the caller to run (taker.go) or hand
 // to a runner; otherwise nil.
-func (w *Runtime) accept(msg jetstream.Msg) (run func()) {
-	meta, err := msg.Metadata()
-	if err != nil {
-		w.log.Error().Err(err).Msg("message without JetStream metadata")
-		return nil
-	}
+func (w *Runtime) accept(msg jetstream.Msg, meta *jetstream.MsgMetadata) (run func()) {
 	h := &held{msg: msg, seq: meta.Sequence.Stream, delivered: meta.NumDelivered, received: w.now()}
 	if w.stopping.Load() {
 		w.settler.release(h)
 		return nil
-	}
-	if last := w.lastConsumerSeq; last != 0 && meta.Sequence.Consumer != 0 && meta.Sequence.Consumer != last+1 {
-		// Deliveries went elsewhere: another process of this instance,
-		// or a pull lost on a reconnect. Checkpoints cached here may be
-		// stale and an earlier event of a key may be held elsewhere.
-		w.cps.gap()
-	}
-	w.lastConsumerSeq = meta.Sequence.Consumer
-	// What the server says with every delivery costs no request.
-	if meta.Sequence.Consumer != 0 {
-		w.m.pending.Set(float64(meta.NumPending))
 	}
 	if meta.NumDelivered > 1 {
 		w.m.redelivered.Inc()

@@ -45,9 +45,13 @@ func hostBound(spec Spec) bool {
 type consumerSource struct {
 	*instance
 	// accept queues a message taken behind its key (Runtime.accept).
-	accept   func(jetstream.Msg) (run func())
+	accept   func(jetstream.Msg, *jetstream.MsgMetadata) (run func())
 	runners  *runners
 	stopping *atomic.Bool
+	cps      *checkpointStore
+	// lastSeq is the consumer sequence of the last delivery taken: a gap
+	// in it means another process (or a lost pull) took events.
+	lastSeq uint64
 	// stream and consumer are bound by ensure; it and tk by read.
 	stream   jetstream.Stream
 	consumer jetstream.Consumer
@@ -77,6 +81,27 @@ func (c *consumerSource) read(context.Context) (<-chan struct{}, error) {
 	c.it, c.tk = it, newTaker(c, it)
 	c.runners.run(c.tk.take)
 	return c.tk.done, nil
+}
+
+// take hands a delivery to accept, having noted what its metadata says:
+// a gap in the consumer sequence (deliveries went elsewhere: another
+// process of this instance, or a pull lost on a reconnect) makes the
+// checkpoints cached here stale, since an earlier event of a key may be
+// held elsewhere; and the count still pending, which costs no request.
+func (c *consumerSource) take(msg jetstream.Msg) (run func()) {
+	meta, err := msg.Metadata()
+	if err != nil {
+		c.log.Error().Err(err).Msg("message without JetStream metadata")
+		return nil
+	}
+	if !c.stopping.Load() {
+		if c.lastSeq != 0 && meta.Sequence.Consumer != c.lastSeq+1 {
+			c.cps.gap()
+		}
+		c.lastSeq = meta.Sequence.Consumer
+		c.m.pending.Set(float64(meta.NumPending))
+	}
+	return c.accept(msg, meta)
 }
 
 func (c *consumerSource) stopErr() error { return c.tk.err }

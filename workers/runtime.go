@@ -41,12 +41,6 @@ type Runtime struct {
 	// waiting for a retry give their events back at once.
 	stop chan struct{}
 
-	// lastConsumerSeq detects deliveries this process did not get: a gap
-	// in the consumer sequence means another process (or a lost pull)
-	// took events, so cached checkpoints and the order may be stale and
-	// are checked again (checkpointStore.gap).
-	lastConsumerSeq uint64
-
 	// ensured says Ensure has made what the instance needs on the server.
 	ensureMu sync.Mutex
 	ensured  bool
@@ -170,7 +164,7 @@ func newRuntime(js jetstream.JetStream, spec Spec, h Handler, o options, opts []
 	// Ensure (called by Run) creates what is missing.
 	w.state = &State{prefix: events.StatePrefix(spec.Name, spec.Instance), open: w.openStore}
 	in.backend = &runtimeBackend{in: in, cps: w.cps, state: w.state}
-	w.src = &consumerSource{instance: in, accept: w.accept, runners: w.runners, stopping: &w.stopping}
+	w.src = &consumerSource{instance: in, accept: w.accept, runners: w.runners, stopping: &w.stopping, cps: w.cps}
 	if o.readMode == ReadStream {
 		sr := &streamReader{
 			instance: in, accept: w.accept, runners: w.runners,

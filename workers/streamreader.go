@@ -60,7 +60,7 @@ const defaultResync = 5 * time.Minute
 type streamReader struct {
 	*instance
 	// accept queues a message it read behind its key (Runtime.accept).
-	accept  func(jetstream.Msg) (run func())
+	accept  func(jetstream.Msg, *jetstream.MsgMetadata) (run func())
 	runners *runners
 	// stream and store are bound by ensure.
 	stream jetstream.Stream
@@ -346,7 +346,9 @@ func (sr *streamReader) scan(ctx context.Context) error {
 			sr.scanned[subj] = m.Sequence
 			sr.pending[m.Sequence] = subj
 			sr.mu.Unlock()
-			if run := sr.accept(&storedMsg{raw: m, r: sr}); run != nil {
+			msg := &storedMsg{raw: m, r: sr}
+			meta, _ := msg.Metadata()
+			if run := sr.accept(msg, meta); run != nil {
 				sr.runners.run(run)
 			}
 		}

@@ -57,7 +57,7 @@ func (t *taker) loop() {
 			continue
 		}
 		t.last = nil
-		if run := t.c.accept(msg); run != nil {
+		if run := t.c.take(msg); run != nil {
 			t.c.runners.run(t.take)
 			run()
 			return
