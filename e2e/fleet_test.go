@@ -112,10 +112,8 @@ func TestFleetOnAClusterSurvivesANodeRestart(t *testing.T) {
 			defer func() { <-sem }()
 			var w *workers.Runtime
 			waitFor(t, "instance "+fleet.Instance(i)+" starts", 2*time.Minute, func() (bool, string) {
-				nctx, ncancel := context.WithTimeout(ctx, 10*time.Second)
-				defer ncancel()
 				var err error
-				w, err = workers.New(nctx, conns[i%len(conns)], fleet.Spec(i), workers.HandlerFunc(func(_ context.Context, d *workers.Delivery) error {
+				w, err = workers.New(conns[i%len(conns)], fleet.Spec(i), workers.HandlerFunc(func(_ context.Context, d *workers.Delivery) error {
 					var data events.CredentialRotated
 					if err := d.DataAs(&data); err != nil {
 						return err

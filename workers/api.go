@@ -2,7 +2,6 @@ package workers
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
@@ -57,11 +56,13 @@ type Spec struct {
 	// refuse, since the events it supersedes are never applied. Leave it
 	// nil where every event is a step (converge applies releases in order).
 	Rank func(ctx context.Context, d *Delivery) (uint64, error)
+	// Unchanged names the outcomes by which the handler says it found
+	// nothing to change (a stale version skipped, a box already armed, a
+	// floor already kept). A replayed event whose handler returned nil and
+	// emitted only these (or OutcomeSuperseded) is ReplayUnchanged rather
+	// than ReplayApplied.
+	Unchanged []string
 }
-
-// ErrUnranked is what a Rank returns for an event that takes part in no
-// latest-wins choice (another kind of event of the same worker).
-var ErrUnranked = errors.New("the event takes part in no latest-wins choice")
 
 // OutcomeSuperseded is the outcome the runtime emits for an event settled
 // unapplied because a newer verified event of its key was queued behind it.
@@ -86,10 +87,11 @@ const (
 	DefaultMaxPanics = 5
 	// DefaultMaxBackoff caps the delay between two attempts of a
 	// failing event.
-	DefaultMaxBackoff = 2 * time.Minute
-	// DefaultStatusInterval is how often, at most, the status document
-	// of retrying keys is written.
-	DefaultStatusInterval = 5 * time.Second
-	DefaultConcurrency    = 32
-	DefaultShutdownGrace  = 30 * time.Second
+	DefaultMaxBackoff    = 2 * time.Minute
+	DefaultConcurrency   = 32
+	DefaultShutdownGrace = 30 * time.Second
 )
+
+// defaultStatusInterval is how often, at most, the status document of
+// retrying keys is written.
+const defaultStatusInterval = 5 * time.Second

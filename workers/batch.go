@@ -1,12 +1,7 @@
 package workers
 
 import (
-	"context"
 	"time"
-
-	"github.com/rs/zerolog"
-
-	"github.com/steward-dev/steward/events"
 )
 
 // maxBatch bounds how many events of one lane a single checkpoint write
@@ -89,72 +84,23 @@ func (b *batch) view() (cp checkpoint, rev uint64, ok bool) {
 	return cp, b.rev, true
 }
 
-// flush writes the run's checkpoint and acks its events. When the write
-// fails, each event is put back in its place to be recorded again later
-// without running its handler again (held.handled), after its backoff.
+// flush records the run: the settler writes its checkpoint and acks its
+// events. When the write fails, each event is put back in its place to be
+// recorded again later without running its handler again (held.handled),
+// after its backoff.
 func (w *Runtime) flush(b *batch) {
 	if b.empty() {
 		return
 	}
-	last := b.events[len(b.events)-1]
-	if err := w.markApplied(w.handlerCtx, last, b.cp, b.rev); err != nil {
-		w.log.Warn().Err(err).Str("key", last.key).Int("events", len(b.events)).
-			Msg("the checkpoint of a run of settled events could not be written to " + events.CheckpointBucket +
-				" (is it reachable, and within its limits?); nothing of the run is acked, and it is recorded again after a backoff, not handled again")
+	if err := w.settler.recordRun(b); err != nil {
 		for _, h := range b.events {
-			w.requeue(b.lane, h, err)
+			w.retry(b.lane, h, err)
 		}
 	} else {
-		w.ackRun(b.events)
 		for _, h := range b.events {
 			w.unhold(h)
 		}
 	}
 	// The confirmation goroutine keeps the run's slice: start a new one.
 	b.events = nil
-}
-
-// ackRun confirms the events of a recorded run. Every ack but the last is
-// sent without waiting; the last is confirmed, and since the server takes
-// one connection's acks in the order they were sent, its confirmation
-// confirms the run.
-func (w *Runtime) ackRun(run []*held) {
-	last := run[len(run)-1]
-	for _, h := range run[:len(run)-1] {
-		w.m.count(h.handled)
-		if err := h.msg.Ack(); err != nil {
-			log := w.logFor(h)
-			log.Warn().Err(err).Msg("ack not sent; a redelivery will be skipped by the checkpoint")
-		}
-	}
-	w.m.count(last.handled)
-	w.confirm(last, w.logFor(last), func(at time.Time) {
-		for _, h := range run {
-			w.settled(h, h.handled, at)
-		}
-	})
-}
-
-// confirm acks h and waits for the server to confirm it on a runner, off
-// the caller's path (the checkpoint already says h is settled), then calls
-// done with the time it was confirmed. Shutdown waits for it (w.acks).
-func (w *Runtime) confirm(h *held, log zerolog.Logger, done func(time.Time)) {
-	w.acks.Add(1)
-	w.runners.run(func() {
-		defer w.acks.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := h.msg.DoubleAck(ctx); err != nil {
-			log.Warn().Err(err).Msg("ack not confirmed; a redelivery will be skipped by the checkpoint")
-			return
-		}
-		done(w.now())
-	})
-}
-
-// settled reports a confirmed event to the settled hook.
-func (w *Runtime) settled(h *held, result string, at time.Time) {
-	if w.o.onSettled != nil {
-		w.o.onSettled(Settlement{Event: h.event, Sequence: h.seq, Result: result, Received: h.received, Settled: at})
-	}
 }

@@ -21,11 +21,11 @@ func TestCompareAndSwapOnAThreeNodeCluster(t *testing.T) {
 	jsA, jsB := c.JetStream(t, 0, 3), c.JetStream(t, 1, 3)
 	ctx := context.Background()
 	h := workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil })
-	a, err := workers.New(ctx, jsA, spec("cas"), h, workers.WithReplicas(3), workertest.DocumentKeys(testWorker, "cas"))
+	a, err := workers.New(jsA, spec("cas"), h, workers.WithReplicas(3), workertest.DocumentKeys(testWorker, "cas"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := workers.New(ctx, jsB, spec("cas"), h, workers.WithReplicas(3), workertest.DocumentKeys(testWorker, "cas"))
+	b, err := workers.New(jsB, spec("cas"), h, workers.WithReplicas(3), workertest.DocumentKeys(testWorker, "cas"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,11 +3,8 @@ package workers
 import (
 	"context"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
-	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
@@ -33,40 +30,19 @@ func (w *Runtime) Run(ctx context.Context) error {
 	defer cancelHandlers()
 	w.handlerCtx = hctx
 
-	readerDone := make(chan struct{})
-	var readErr error
-	if w.reader != nil {
-		go func() {
-			defer close(readerDone)
-			readErr = w.runReader(ctx)
-		}()
-		err := w.serve(ctx, readerDone, &readErr, func() {}, cancelHandlers)
-		// What the handlers settled while shutting down moves the cursor.
-		w.saveCursor(context.WithoutCancel(ctx))
+	done, err := w.src.read(ctx)
+	if err != nil {
 		return err
 	}
-	// A pull as large as what the consumer may have outstanding keeps
-	// lanes fed in a burst, so runs of a key form and share a checkpoint
-	// write (batch.go): a smaller one left them starved, each event of a
-	// key on its own. It costs no more memory than holding them does.
-	it, err := w.consumer.Messages(jetstream.PullMaxMessages(w.o.maxAckPending))
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", w.consumerName(), err)
-	}
-	tk := newTaker(w, it)
-	w.runners.run(tk.take)
-	go func() {
-		<-tk.done
-		readErr = tk.err
-		close(readerDone)
-	}()
-	return w.serve(ctx, readerDone, &readErr, it.Drain, cancelHandlers)
+	err = w.serve(ctx, done, cancelHandlers)
+	// What the handlers settled while shutting down is saved.
+	w.src.finish(ctx)
+	return err
 }
 
-// serve runs the lanes while the reader (the consumer's subscription, or
-// the stream reader) feeds them, then shuts down as Run says: drain stops the
-// reader, and readerDone closes once it has stopped.
-func (w *Runtime) serve(ctx context.Context, readerDone chan struct{}, readErr *error, drain func(), cancelHandlers context.CancelFunc) error {
+// serve runs the lanes while the source feeds them, then shuts down as Run
+// says; done closes once the source has stopped.
+func (w *Runtime) serve(ctx context.Context, done <-chan struct{}, cancelHandlers context.CancelFunc) error {
 	hbDone := make(chan struct{})
 	hbStop := make(chan struct{})
 	go w.heartbeats(hbStop, hbDone)
@@ -74,17 +50,17 @@ func (w *Runtime) serve(ctx context.Context, readerDone chan struct{}, readErr *
 
 	select {
 	case <-ctx.Done():
-	case <-readerDone:
+	case <-done:
 		// The connection closed for good: stop as if told to, and say so.
 	}
 	w.stopping.Store(true)
 	close(w.stop)
-	drain()
-	<-readerDone
+	w.src.drain()
+	<-done
 	w.releaseQueued()
 
 	finished := make(chan struct{})
-	go func() { w.tasks.Wait(); w.acks.Wait(); close(finished) }()
+	go func() { w.tasks.Wait(); w.settler.acks.Wait(); close(finished) }()
 	select {
 	case <-finished:
 	case <-time.After(w.o.shutdownGrace):
@@ -94,39 +70,24 @@ func (w *Runtime) serve(ctx context.Context, readerDone chan struct{}, readErr *
 	}
 	close(hbStop)
 	<-hbDone
-	if *readErr != nil {
-		w.log.Error().Err(*readErr).Msg("worker stopped")
-		return *readErr
+	if err := w.src.stopErr(); err != nil {
+		w.log.Error().Err(err).Msg("worker stopped")
+		return err
 	}
 	w.log.Info().Msg("worker stopped")
 	return nil
 }
 
-// accept takes a message from the consumer and queues it behind its key.
+// accept takes a message from the source, with its metadata, and queues it
+// behind its key.
 // When that gives a lane work and the lane has no runner, it claims the
 // lane and returns what runs it, for the caller to run (taker.go) or hand
 // to a runner; otherwise nil.
-func (w *Runtime) accept(msg jetstream.Msg) (run func()) {
-	meta, err := msg.Metadata()
-	if err != nil {
-		w.log.Error().Err(err).Msg("message without JetStream metadata")
-		return nil
-	}
+func (w *Runtime) accept(msg jetstream.Msg, meta *jetstream.MsgMetadata) (run func()) {
 	h := &held{msg: msg, seq: meta.Sequence.Stream, delivered: meta.NumDelivered, received: w.now()}
 	if w.stopping.Load() {
-		w.release(h)
+		w.settler.release(h)
 		return nil
-	}
-	if last := w.lastConsumerSeq; last != 0 && meta.Sequence.Consumer != 0 && meta.Sequence.Consumer != last+1 {
-		// Deliveries went elsewhere: another process of this instance,
-		// or a pull lost on a reconnect. Checkpoints cached here may be
-		// stale and an earlier event of a key may be held elsewhere.
-		w.epoch.Add(1)
-	}
-	w.lastConsumerSeq = meta.Sequence.Consumer
-	// What the server says with every delivery costs no request.
-	if meta.Sequence.Consumer != 0 {
-		w.m.pending.Set(float64(meta.NumPending))
 	}
 	if meta.NumDelivered > 1 {
 		w.m.redelivered.Inc()
@@ -142,12 +103,13 @@ func (w *Runtime) accept(msg jetstream.Msg) (run func()) {
 		// Nothing a retry can fix: straight to the DLQ, off the key lanes
 		// (an event that does not decode has no key).
 		h.key = "invalid"
-		w.hold(h)
+		w.queue.hold(h)
+		w.m.inFlight.Inc()
 		w.tasks.Add(1)
 		w.runners.run(func() {
 			defer w.tasks.Done()
 			defer w.unhold(h)
-			w.deadLetter(h, Permanent(err), w.log.With().Uint64("seq", h.seq).Logger())
+			w.settler.deadLetter(h, Permanent(err), w.log.With().Uint64("seq", h.seq).Logger())
 		})
 		return nil
 	}
@@ -159,36 +121,14 @@ func (w *Runtime) accept(msg jetstream.Msg) (run func()) {
 		h.deadReason = fmt.Errorf("delivered %d times and never settled: every process that took it stopped before it did (a crash loop), so it is set aside", h.delivered)
 	}
 
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if prev, ok := w.held[h.seq]; ok {
-		if l := w.lanes[prev.lane]; l != nil {
-			if i := l.indexOf(h.seq); i >= 0 && l.queue[i] == prev {
-				// Redelivered while still queued here: keep the newer
-				// delivery, and what this process knows of the event.
-				h.attempts, h.panics, h.backoff, h.retryAt = prev.attempts, prev.panics, prev.backoff, prev.retryAt
-				h.firstFailure, h.lastError = prev.firstFailure, prev.lastError
-				h.rank, h.ranked, h.rankDone = prev.rank, prev.ranked, prev.rankDone
-				h.handled = prev.handled
-				l.queue[i] = h
-				w.held[h.seq] = h
-				return nil
-			}
-		}
-		// Redelivered while its handler runs: the running one decides.
+	added, claimed := w.queue.add(h)
+	if added {
+		w.m.inFlight.Inc()
+	}
+	if claimed == nil {
 		return nil
 	}
-	l := w.lanes[h.lane]
-	if l == nil {
-		l = newLane()
-		w.lanes[h.lane] = l
-	}
-	w.held[h.seq] = h
-	w.m.inFlight.Inc()
-	l.insert(h)
-	l.arrived(h.seq)
-	l.signal()
-	return w.claimLane(h.lane, l)
+	return w.laneRun(claimed)
 }
 
 // validate runs check on h once, in its lane, by the lane's runner on an
@@ -209,28 +149,4 @@ func (h *held) setValidity(err error) {
 		h.deadReason, h.invalid, h.key = err, true, "invalid"
 		h.rankDone, h.ranked = true, false
 	}
-}
-
-// check is the runtime's validation: the shared event validation, a type
-// this worker handles, and for keyed subjects a subject that names the
-// event's own key.
-func (w *Runtime) check(subject string, e event.Event) error {
-	if err := events.Validate(e); err != nil {
-		return err
-	}
-	if !slices.Contains(w.spec.Types, e.Type()) {
-		return fmt.Errorf("%w: worker %s does not handle type %q", events.ErrInvalid, w.spec.Name, e.Type())
-	}
-	k, _ := events.Lookup(e.Type())
-	if k.KeyInSubject && !endsInToken(subject, e.Subject()) {
-		return fmt.Errorf("%w: NATS subject %q does not end in the event's key %q", events.ErrInvalid, subject, e.Subject())
-	}
-	return nil
-}
-
-// endsInToken reports whether subject ends in "." + token, without building
-// that string for every event.
-func endsInToken(subject, token string) bool {
-	rest, ok := strings.CutSuffix(subject, token)
-	return ok && strings.HasSuffix(rest, ".")
 }

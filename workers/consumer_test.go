@@ -30,7 +30,7 @@ func newWorker(t *testing.T, js jetstream.JetStream, s workers.Spec, opts ...wor
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	opts = append([]workers.Option{workers.WithRegisterer(prometheus.NewRegistry())}, opts...)
-	w, err := workers.New(ctx, js, s, workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }), opts...)
+	w, err := workers.New(js, s, workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func TestConsumerLimitIsNamed(t *testing.T) {
 	}
 	newWorker(t, js, hostSpec("hive-1"))
 	newWorker(t, js, hostSpec("hive-2"))
-	third, err := workers.New(ctx, js, hostSpec("hive-3"), workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }),
+	third, err := workers.New(js, hostSpec("hive-3"), workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }),
 		workers.WithRegisterer(prometheus.NewRegistry()))
 	if err != nil {
 		t.Fatal(err)
@@ -163,7 +163,7 @@ func TestNewCreatesNothingOnTheServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if _, err := workers.New(ctx, js, hostSpec("hive-n"), workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }),
+	if _, err := workers.New(js, hostSpec("hive-n"), workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }),
 		workers.WithRegisterer(prometheus.NewRegistry())); err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +203,7 @@ func TestRunEndsWithAReason(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			w, err := workers.New(context.Background(), js, spec("ending"),
+			w, err := workers.New(js, spec("ending"),
 				workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }),
 				workers.WithRegisterer(prometheus.NewRegistry()))
 			if err != nil {

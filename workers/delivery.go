@@ -188,13 +188,16 @@ func (d *Delivery) outcome(outcome string, data any) (event.Event, error) {
 }
 
 // runtimeBackend is the consumer's Backend: outcomes on JetStream, stages
-// in the key's checkpoint. It is the Runtime itself under another method
-// set, so a delivery costs no allocation for it.
-type runtimeBackend Runtime
+// in the key's checkpoint. One serves every delivery of the instance, so a
+// delivery costs no allocation for it.
+type runtimeBackend struct {
+	in    *instance
+	cps   *checkpointStore
+	state *State
+}
 
 func (b *runtimeBackend) Emit(ctx context.Context, e event.Event) error {
-	w := (*Runtime)(b)
-	msg, err := events.Encode(w.outcomeSubject(), e)
+	msg, err := events.Encode(b.in.outcomeSubject(), e)
 	if err != nil {
 		return err
 	}
@@ -202,20 +205,20 @@ func (b *runtimeBackend) Emit(ctx context.Context, e event.Event) error {
 	// subject (by reflection, docs/design.md §7) is told from the
 	// instance's own: readers mark an outcome that does not verify as
 	// forged. Live, superseded and replayed outcomes all pass here.
-	if err := events.SignMessage(msg, events.StreamOutcomes, w.o.domain, w.o.signer, events.OutcomeProofContent(e)); err != nil {
+	if err := events.SignMessage(msg, events.StreamOutcomes, b.in.o.domain, b.in.o.signer, events.OutcomeProofContent(e)); err != nil {
 		return err
 	}
-	if _, err = w.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(events.StreamOutcomes)); err != nil {
+	if _, err = b.in.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(events.StreamOutcomes)); err != nil {
 		return err
 	}
-	w.m.emitted(w.spec.OutcomeNoun, e.Type(), e.Data())
+	b.in.m.emitted(b.in.spec.OutcomeNoun, e.Type(), e.Data())
 	return nil
 }
 
 func (b *runtimeBackend) SaveStage(ctx context.Context, d *Delivery, stage json.RawMessage) error {
 	next := d.cp
 	next.StageSeq, next.Stage = d.Sequence, stage
-	rev, err := (*Runtime)(b).putCheckpoint(ctx, d.lane, next, d.cpRev)
+	rev, err := b.cps.write(ctx, d.lane, next, d.cpRev)
 	if err != nil {
 		return err
 	}

@@ -20,8 +20,8 @@ whatever failed or restarted in between, and nobody has to redrive it.
   - Permanent(err): the event cannot be processed at all. It goes to the
     dead-letter stream with err as the reason, on the first delivery.
   - any other error: retried, in this process and without a redelivery,
-    with capped exponential backoff and jitter (DefaultBackoff: up to
-    DefaultMaxBackoff) for as long as it fails, until it applies or a
+    with capped exponential backoff and jitter (from half a second up to
+    DefaultMaxBackoff; WithBackoff changes it) for as long as it fails, until it applies or a
     newer verified event of its key supersedes it. The message stays held
     and heartbeated meanwhile, so no delivery count runs out.
   - a panic: caught and retried like an error, at most WithMaxPanics times,

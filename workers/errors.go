@@ -2,6 +2,21 @@ package workers
 
 import "errors"
 
+// The package's sentinel errors, for errors.Is.
+var (
+	// ErrInvalidSpec marks a Spec or options New refuses: no retry fixes
+	// it.
+	ErrInvalidSpec = errors.New("invalid worker spec")
+	// ErrUnranked is what a Rank returns for an event that takes part in
+	// no latest-wins choice (another kind of event of the same worker).
+	ErrUnranked = errors.New("the event takes part in no latest-wins choice")
+	// ErrUntrusted says a state document is there but does not verify as
+	// this instance's (docs/design.md §7): it is not believed, and the
+	// handler treats it as absent, rebuilding what it said from signed
+	// evidence. The revision returned with it lets a Put replace it.
+	ErrUntrusted = errors.New("does not verify as this instance's own, so it is not believed")
+)
+
 // permanentError marks a failure no retry can fix.
 type permanentError struct{ err error }
 

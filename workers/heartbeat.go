@@ -1,10 +1,6 @@
 package workers
 
-import (
-	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
-)
+import "time"
 
 // heartbeats marks every held message in progress, so a short AckWait and a
 // long handler (or a long queue behind one key, or a key retrying for as
@@ -29,18 +25,10 @@ func (w *Runtime) heartbeats(stop <-chan struct{}, done chan<- struct{}) {
 			continue
 		case <-t.C:
 		}
-		w.mu.Lock()
-		msgs := make([]jetstream.Msg, 0, len(w.held))
-		for _, h := range w.held {
-			msgs = append(msgs, h.msg)
+		msgs, claimed, now := w.queue.tick()
+		for _, l := range claimed {
+			w.runners.run(w.laneRun(l))
 		}
-		now := w.now()
-		for name, l := range w.lanes {
-			if l.expire(now) {
-				w.startLane(name, l)
-			}
-		}
-		w.mu.Unlock()
 		for _, m := range msgs {
 			_ = m.InProgress()
 		}

@@ -7,7 +7,7 @@ import (
 )
 
 // lane is the queue of one order key: events of a key run one at a time in
-// stream order. It is plain data, driven by the runtime under its lock and
+// stream order. It is plain data, driven by the keyedQueue under its lock and
 // tested on its own with a fake clock (lane_test.go).
 //
 // Two things can hold a lane up:
@@ -19,6 +19,8 @@ import (
 //     holding it, or another live process): waitFor names it, and the lane
 //     runs nothing later until it is back or waitUntil passes.
 type lane struct {
+	// name is the lane's, as laneOf names it.
+	name    string
 	queue   []*held
 	running bool
 

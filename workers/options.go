@@ -12,10 +12,18 @@ import (
 )
 
 type options struct {
-	ackWait        time.Duration
-	heartbeat      time.Duration
-	maxDeliver     int
-	concurrency    int
+	ackWait time.Duration
+	// heartbeat is how often held messages are marked in progress: a third
+	// of ackWait.
+	heartbeat   time.Duration
+	maxDeliver  int
+	concurrency int
+	// maxAckPending bounds the events held unacknowledged at once: 64 per
+	// unit of concurrency (2,048 at the default). In a burst, that depth
+	// is what lets events of one key queue up and share one checkpoint
+	// write. A process holds that many events in memory at most (about 2
+	// MiB of typical events; 512 MiB if every one were at the 256 KiB data
+	// limit), and hands them back when it stops.
 	maxAckPending  int
 	shutdownGrace  time.Duration
 	replicas       int
@@ -40,25 +48,23 @@ func defaultOptions() options {
 		ackWait:        DefaultAckWait,
 		maxDeliver:     DefaultMaxDeliver,
 		maxPanics:      DefaultMaxPanics,
-		statusInterval: DefaultStatusInterval,
-		resync:         DefaultResync,
+		statusInterval: defaultStatusInterval,
+		resync:         defaultResync,
 		concurrency:    DefaultConcurrency,
 		shutdownGrace:  DefaultShutdownGrace,
 		replicas:       1,
-		newBackoff:     DefaultBackoff,
+		newBackoff:     BackoffUpTo(DefaultMaxBackoff),
 		logger:         zerolog.Nop(),
 		registerer:     prometheus.DefaultRegisterer,
 		now:            time.Now,
 	}
 }
 
-// DefaultBackoff is exponential from half a second up to DefaultMaxBackoff
-// with 50% jitter, and never gives up: desired state held up by an outage
-// applies once the outage ends, and a failing dependency is not hammered in
-// lockstep.
-func DefaultBackoff() backoff.BackOff { return BackoffUpTo(DefaultMaxBackoff)() }
-
-// BackoffUpTo is DefaultBackoff with another cap, for WithBackoff.
+// BackoffUpTo is the default retry policy with another cap than
+// DefaultMaxBackoff, for WithBackoff: exponential from half a second up to
+// limit with 50% jitter, and never giving up, so desired state held up by an
+// outage applies once the outage ends, and a failing dependency is not
+// hammered in lockstep.
 func BackoffUpTo(limit time.Duration) func() backoff.BackOff {
 	return func() backoff.BackOff {
 		b := backoff.NewExponentialBackOff()
@@ -77,10 +83,6 @@ type Option func(*options)
 // redelivers. Keep it short: handlers heartbeat, so only a crashed process
 // lets it expire, and then redelivery is fast.
 func WithAckWait(d time.Duration) Option { return func(o *options) { o.ackWait = d } }
-
-// WithHeartbeat sets how often held messages are marked in progress; the
-// default is a third of AckWait.
-func WithHeartbeat(d time.Duration) Option { return func(o *options) { o.heartbeat = d } }
 
 // WithMaxDeliver bounds deliveries that never settle: an event delivered
 // more often than n times (each process that took it stopped before it
@@ -110,7 +112,7 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 func WithReadMode(m ReadMode) Option { return func(o *options) { o.readMode = m } }
 
 // WithResync sets how often a ReadStream instance reads its subjects again
-// with nothing to wake it (DefaultResync).
+// with nothing to wake it (every five minutes unless told).
 func WithResync(d time.Duration) Option { return func(o *options) { o.resync = d } }
 
 // WithSettledHook calls fn once the ack of every settled event is
@@ -120,15 +122,6 @@ func WithSettledHook(fn func(Settlement)) Option { return func(o *options) { o.o
 
 // WithConcurrency sets how many keys are handled at once.
 func WithConcurrency(n int) Option { return func(o *options) { o.concurrency = n } }
-
-// WithMaxAckPending bounds the events held unacknowledged at once; the
-// default is 64 per unit of concurrency (2,048 at the default
-// concurrency). In a burst, that depth is what lets events of one key
-// queue up and share one checkpoint write. A process holds that many
-// events in memory at most (about 2 MiB of typical events; 512 MiB if
-// every one were at the 256 KiB data limit: lower it for such a stream),
-// and hands them back when it stops.
-func WithMaxAckPending(n int) Option { return func(o *options) { o.maxAckPending = n } }
 
 // WithShutdownGrace sets how long in-flight handlers may run on after the
 // worker is told to stop.

@@ -89,3 +89,20 @@ func (w *Runtime) newerStored(ctx context.Context, h *held) (id string, seq uint
 	}
 	return e.ID(), m.Sequence, true
 }
+
+// orderFloor is the sequence at or below which every event of h's lane is
+// known to be settled, for the order scan: the checkpoint's, or, when the
+// stored checkpoint did not verify and so counts as absent, the consumer's
+// ack floor (what was acknowledged was settled), so an event does not wait
+// for earlier ones that were settled long ago and will never come back.
+// That costs one consumer info, only on the path of a forged document.
+func (w *Runtime) orderFloor(ctx context.Context, h *held, cp checkpoint) (uint64, error) {
+	if !w.cps.untrusted(h.lane) {
+		return cp.Applied, nil
+	}
+	floor, err := w.src.ackFloor(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("read the ack floor of %s after the checkpoint of %s did not verify: %w", w.consumerName(), h.key, err)
+	}
+	return max(cp.Applied, floor), nil
+}

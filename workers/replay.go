@@ -41,7 +41,8 @@ const (
 	// ReplayApplied: the handler returned nil.
 	ReplayApplied = "applied"
 	// ReplayUnchanged: the handler returned nil and said, by the outcomes it
-	// emitted (UnchangedOutcomes), that nothing needed changing.
+	// emitted (only Spec.Unchanged ones, or OutcomeSuperseded), that
+	// nothing needed changing.
 	ReplayUnchanged = "unchanged"
 	// ReplayRefused: the handler refused the event (Refused).
 	ReplayRefused = "refused"
@@ -58,14 +59,6 @@ const (
 	// ReplayWouldHandle: a dry run found the event valid.
 	ReplayWouldHandle = "would-handle"
 )
-
-// UnchangedOutcomes are the outcomes by which a handler says it found
-// nothing to change (Steward's workers: a stale version or generation is
-// skipped, a box already armed, a floor already kept). A replayed event
-// whose handler returned nil and emitted only these is ReplayUnchanged
-// rather than ReplayApplied: that is how a replay tells "applied" from
-// "found nothing to do" without asking the handler anything new.
-var UnchangedOutcomes = []string{"skipped", "armed-already", "floor-kept", OutcomeSuperseded}
 
 // ReplayResult says what replaying one event did.
 type ReplayResult struct {
@@ -96,28 +89,16 @@ type Replayer struct{ w *Runtime }
 func NewReplayer(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts ...Option) (*Replayer, error) {
 	o := defaultOptions()
 	o.registerer = prometheus.NewRegistry()
-	for _, opt := range opts {
-		opt(&o)
-	}
-	if err := checkSpec(spec, o); err != nil {
+	w, err := newRuntime(js, spec, h, o, opts)
+	if err != nil {
 		return nil, err
 	}
-	if spec.OutcomeNoun == "" {
-		spec.OutcomeNoun = spec.Name
-	}
-	if spec.OrderKey == nil {
-		spec.OrderKey = func(e event.Event) string { return e.Subject() }
-	}
-	ephemeral := documentKeys(&o, spec.Name+"-"+spec.Instance)
-	w := &Runtime{js: js, spec: spec, handler: h, o: o, m: newMetrics(o.registerer).forInstance(spec.Name, spec.Instance), ephemeralKey: ephemeral}
-	w.log = o.logger.With().Str("worker", spec.Name).Str("instance", spec.Instance).Logger()
 	kv, err := js.KeyValue(ctx, events.CheckpointBucket)
 	switch {
 	case err == nil:
 		if err := w.bindStore(ctx, kv); err != nil {
 			return nil, err
 		}
-		w.state = &State{prefix: events.StatePrefix(spec.Name, spec.Instance), open: w.openStore}
 	case !errors.Is(err, jetstream.ErrBucketNotFound):
 		return nil, fmt.Errorf("look up bucket %s: %w", events.CheckpointBucket, err)
 	}
@@ -140,7 +121,7 @@ func (r *Replayer) ConsumerName() string { return r.w.consumerName() }
 // is decoded, validated and reported. total, when not nil, is told how many
 // messages the range holds before the first is read.
 func (r *Replayer) Replay(ctx context.Context, from ReplayFrom, dryRun bool, total func(uint64), fn func(ReplayResult)) error {
-	if !dryRun && r.w.state == nil {
+	if !dryRun && !r.w.storeBound() {
 		// A replay that handles events writes the handler's state, as the
 		// worker would: the bucket is made as a starting worker makes it.
 		// A dry run writes nothing and makes nothing.
@@ -151,7 +132,6 @@ func (r *Replayer) Replay(ctx context.Context, from ReplayFrom, dryRun bool, tot
 		if err := r.w.bindStore(ctx, kv); err != nil {
 			return err
 		}
-		r.w.state = &State{prefix: events.StatePrefix(r.w.spec.Name, r.w.spec.Instance), open: r.w.openStore}
 	}
 	return r.w.replay(ctx, from, dryRun, total, fn)
 }
@@ -196,18 +176,22 @@ func (w *Runtime) replay(ctx context.Context, from ReplayFrom, dryRun bool, tota
 			Event: e, Key: res.Key, Sequence: res.Sequence, Attempt: 1, Log: log,
 			backend: b, name: w.spec.Name, instance: w.spec.Instance, noun: w.spec.OutcomeNoun, now: w.o.now,
 		}
-		res.Err = w.call(ctx, d)
+		res.Err = w.exec.call(ctx, d)
 		res.Outcomes = b.names()
-		res.Verdict = replayVerdict(res.Err, res.Outcomes)
+		res.Verdict = w.replayVerdict(res.Err, res.Outcomes)
 		fn(res)
 		return nil
 	})
 }
 
-// replayVerdict applies the runtime's result rules to a replayed event.
-func replayVerdict(err error, outcomes []string) string {
+// replayVerdict applies the runtime's result rules to a replayed event. A
+// handler that returned nil and emitted only outcomes its Spec calls
+// unchanged found nothing to do: that is how a replay tells "applied" from
+// "found nothing to do" without asking the handler anything new.
+func (w *Runtime) replayVerdict(err error, outcomes []string) string {
+	unchanged := func(o string) bool { return o == OutcomeSuperseded || slices.Contains(w.spec.Unchanged, o) }
 	switch {
-	case err == nil && len(outcomes) > 0 && !slices.ContainsFunc(outcomes, func(o string) bool { return !slices.Contains(UnchangedOutcomes, o) }):
+	case err == nil && len(outcomes) > 0 && !slices.ContainsFunc(outcomes, func(o string) bool { return !unchanged(o) }):
 		return ReplayUnchanged
 	case err == nil:
 		return ReplayApplied
@@ -239,7 +223,7 @@ func (b *replayEmitter) Emit(ctx context.Context, e event.Event) error {
 	e.SetExtension(ReplayExtension, true)
 	e.SetExtension(ReplayIDExtension, b.run.id)
 	e.SetID(e.ID() + "-replay-" + b.run.id)
-	if err := (*runtimeBackend)(b.run.w).Emit(ctx, e); err != nil {
+	if err := b.run.w.backend.Emit(ctx, e); err != nil {
 		return err
 	}
 	b.mu.Lock()

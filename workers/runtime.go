@@ -2,7 +2,6 @@ package workers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -11,35 +10,30 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/tracing"
 )
 
 // Runtime is the runtime of one worker instance: it runs one Handler over
-// one durable consumer. The files of this package each hold one part of
-// it: consume.go pulls and accepts, lane.go is the per-key queue,
-// dispatch.go runs lanes, apply.go runs one delivery, order.go guards the
-// key's order across processes, settle.go acks, retries, supersedes and
-// dead-letters, checkpoint.go keeps progress, batch.go records a run of a
-// key's settled events with one checkpoint write, heartbeat.go keeps held
-// messages alive, status.go publishes what is retrying and runners.go keeps
-// the goroutines lanes and confirmations run on.
+// the instance's events, read through its durable consumer or straight from
+// the stream (ReadMode). Which part of it does what is in docs/design.md.
 type Runtime struct {
-	js       jetstream.JetStream
-	spec     Spec
-	handler  Handler
-	o        options
-	store    *events.Store
-	stream   jetstream.Stream
-	consumer jetstream.Consumer
-	state    *State
-	log      zerolog.Logger
-	m        *instanceMetrics
-	tracer   trace.Tracer
+	*instance
+	// exec runs the handler and classifies its result; settler records,
+	// acks, supersedes and dead-letters; cps keeps the checkpoints; queue
+	// holds every message the worker holds, by key.
+	exec    *executor
+	settler *settler
+	cps     *checkpointStore
+	queue   *keyedQueue
+	// src is where the events come from (source.go).
+	src   source
+	store *events.Store
+	// stream is STEWARD_EVENTS, bound by Ensure, for the order scan.
+	stream jetstream.Stream
+	state  *State
 
 	running  atomic.Bool
 	stopping atomic.Bool
@@ -47,32 +41,12 @@ type Runtime struct {
 	// waiting for a retry give their events back at once.
 	stop chan struct{}
 
-	mu    sync.Mutex
-	lanes map[string]*lane
-	// held is every message the worker holds (queued, waiting or running),
-	// by stream sequence, so a redelivery of one is recognised at once.
-	held map[uint64]*held
-	// cps caches the checkpoint each lane last read or wrote, so an
-	// event that follows another of its key costs no read (checkpoint.go).
-	cps cpCache
-
-	// lastConsumerSeq and epoch detect deliveries this process did not
-	// get: a gap in the consumer sequence means another process (or a
-	// lost pull) took events, so cached checkpoints and the order may be
-	// stale and are checked again (order.go).
-	lastConsumerSeq uint64
-	epoch           atomic.Uint64
-
 	// ensured says Ensure has made what the instance needs on the server.
 	ensureMu sync.Mutex
 	ensured  bool
 	storeMu  sync.Mutex
 	// consuming is set while Run serves, after Ensure.
 	consuming atomic.Bool
-
-	// reader is set under ReadStream: the instance reads its subjects
-	// from the stream, with no consumer (reader.go).
-	reader *reader
 
 	// lastStatus is the status document last written (without its time).
 	lastStatus []byte
@@ -91,11 +65,6 @@ type Runtime struct {
 	// them (runners.go).
 	runners *runners
 	tasks   sync.WaitGroup
-	// acks tracks confirmations still in flight, waited for at shutdown.
-	acks sync.WaitGroup
-	// handlerCtx outlives the Run context by the shutdown grace, so
-	// in-flight handlers finish what they started.
-	handlerCtx context.Context
 }
 
 // held is a message the worker holds: queued behind its key, waiting for a
@@ -140,8 +109,14 @@ type held struct {
 
 // New checks spec and the options and returns a Runtime ready to Run. It
 // creates nothing on the server: Run (through Ensure) does.
-func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts ...Option) (*Runtime, error) {
-	o := defaultOptions()
+func New(js jetstream.JetStream, spec Spec, h Handler, opts ...Option) (*Runtime, error) {
+	return newRuntime(js, spec, h, defaultOptions(), opts)
+}
+
+// newRuntime applies opts over o, checks spec and the options, fills in
+// what they leave unset and builds the Runtime: the one place New and
+// NewReplayer take their defaults from.
+func newRuntime(js jetstream.JetStream, spec Spec, h Handler, o options, opts []Option) (*Runtime, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -161,36 +136,46 @@ func New(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts
 		spec.OrderKey = func(e event.Event) string { return e.Subject() }
 	}
 	ephemeral := documentKeys(&o, spec.Name+"-"+spec.Instance)
-	w := &Runtime{
-		ephemeralKey: ephemeral,
-		js:           js, spec: spec, handler: h, o: o,
-		lanes:     map[string]*lane{},
-		held:      map[uint64]*held{},
-		cps:       newCPCache(cpCacheSize),
-		sem:       make(chan struct{}, o.concurrency),
-		runners:   newRunners(),
-		stop:      make(chan struct{}),
-		statusNow: make(chan struct{}, 1),
-		m:         newMetrics(o.registerer).forInstance(spec.Name, spec.Instance),
-	}
-	w.log = o.logger.With().Str("worker", spec.Name).Str("instance", spec.Instance).Logger()
 	tp := o.tracerProvider
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
-	w.tracer = tp.Tracer(tracing.Scope)
+	in := &instance{
+		spec: spec, o: o, js: js,
+		log:    o.logger.With().Str("worker", spec.Name).Str("instance", spec.Instance).Logger(),
+		m:      newMetrics(o.registerer).forInstance(spec.Name, spec.Instance),
+		tracer: tp.Tracer(tracing.Scope),
+	}
+	w := &Runtime{
+		instance:     in,
+		ephemeralKey: ephemeral,
+		cps:          newCheckpointStore(spec.Name, spec.Instance),
+		sem:          make(chan struct{}, o.concurrency),
+		runners:      newRunners(),
+		stop:         make(chan struct{}),
+		statusNow:    make(chan struct{}, 1),
+	}
+	w.exec = &executor{handler: h, maxPanics: o.maxPanics, panics: in.m.panics}
+	w.settler = &settler{instance: in, cps: w.cps, runners: w.runners}
+	w.queue = newKeyedQueue(spec.Rank != nil, o.now, o.newBackoff, &w.stopping, &w.tasks)
 
 	// Nothing is created here: New only checks, so a dry run or a test
 	// that builds a runtime and never runs it leaves no server state.
 	// Ensure (called by Run) creates what is missing.
 	w.state = &State{prefix: events.StatePrefix(spec.Name, spec.Instance), open: w.openStore}
+	in.backend = &runtimeBackend{in: in, cps: w.cps, state: w.state}
+	w.src = &consumerSource{instance: in, accept: w.accept, runners: w.runners, stopping: &w.stopping, cps: w.cps}
 	if o.readMode == ReadStream {
-		w.reader = &reader{scanned: map[string]uint64{}, pending: map[uint64]string{}, wake: make(chan struct{}, 1), save: make(chan struct{}, 1)}
+		sr := &streamReader{
+			instance: in, accept: w.accept, runners: w.runners,
+			scanned: map[string]uint64{}, pending: map[uint64]string{}, wake: make(chan struct{}, 1), save: make(chan struct{}, 1),
+		}
 		for _, subj := range spec.Subjects {
 			// Every subject is in the cursor from the start, so what
 			// is settled can be told for each (Settled).
-			w.reader.scanned[subj] = 0
+			sr.scanned[subj] = 0
 		}
+		w.src = sr
 	}
 	return w, nil
 }
@@ -221,17 +206,12 @@ func (w *Runtime) Ensure(ctx context.Context) error {
 	if w.ephemeralKey {
 		w.log.Warn().Msg("no document key configured: this instance signs what it stores with a key that lives only in this process, so after a restart its checkpoints do not verify and each key's events are decided again (give it credentials from steward creds issue, which make one)")
 	}
-	if w.reader == nil {
-		if w.consumer, err = w.ensureConsumer(ctx); err != nil {
-			return err
-		}
+	if err := w.src.ensure(ctx, stream, w.store); err != nil {
+		return err
 	}
 	w.ensured = true
 	return nil
 }
-
-// ErrInvalidSpec marks a Spec or options New refuses: no retry fixes it.
-var ErrInvalidSpec = errors.New("invalid worker spec")
 
 func checkSpec(spec Spec, o options) error {
 	if err := events.CheckKey(spec.Name); err != nil {
@@ -256,14 +236,6 @@ func checkSpec(spec Spec, o options) error {
 	return nil
 }
 
-func (w *Runtime) consumerName() string { return w.spec.Name + "-" + w.spec.Instance }
-
-func (w *Runtime) outcomeSubject() string { return events.OutcomeSubject(w.spec.Name, w.spec.Instance) }
-
-func (w *Runtime) dlqSubject() string { return events.DLQSubject(w.spec.Name, w.spec.Instance) }
-
-func (w *Runtime) now() time.Time { return w.o.now() }
-
 // Spec returns what the worker consumes.
 func (w *Runtime) Spec() Spec { return w.spec }
 
@@ -284,6 +256,13 @@ func (w *Runtime) Ready() error {
 	return nil
 }
 
+// storeBound says whether the instance's store is bound to the bucket.
+func (w *Runtime) storeBound() bool {
+	w.storeMu.Lock()
+	defer w.storeMu.Unlock()
+	return w.store != nil
+}
+
 // bindStore makes the instance's store over kv, once.
 func (w *Runtime) bindStore(ctx context.Context, kv jetstream.KeyValue) error {
 	w.storeMu.Lock()
@@ -296,6 +275,7 @@ func (w *Runtime) bindStore(ctx context.Context, kv jetstream.KeyValue) error {
 		return err
 	}
 	w.store = s
+	w.cps.docs = s
 	return nil
 }
 

@@ -13,12 +13,6 @@ import (
 	"github.com/steward-dev/steward/events"
 )
 
-// ErrUntrusted says a state document is there but does not verify as this
-// instance's (docs/design.md §7): it is not believed, and the handler
-// treats it as absent, rebuilding what it said from signed evidence. The
-// revision returned with it lets a Put replace it.
-var ErrUntrusted = errors.New("does not verify as this instance's own, so it is not believed")
-
 // State is a worker instance's durable state: small JSON documents by
 // name, written with compare-and-swap so two processes never overwrite
 // each other blindly. The runtime's lives in the checkpoint bucket;

@@ -20,7 +20,7 @@ import (
 // lane and is done with the iterator after, and the hand-over (runners.run)
 // is what orders one taker's accept before the next one's.
 type taker struct {
-	w  *Runtime
+	c  *consumerSource
 	it jetstream.MessagesContext
 	// take is loop as a func value, made once rather than per hand-over.
 	take func()
@@ -34,8 +34,8 @@ type taker struct {
 	err  error
 }
 
-func newTaker(w *Runtime, it jetstream.MessagesContext) *taker {
-	t := &taker{w: w, it: it, done: make(chan struct{})}
+func newTaker(c *consumerSource, it jetstream.MessagesContext) *taker {
+	t := &taker{c: c, it: it, done: make(chan struct{})}
 	t.take = t.loop
 	return t
 }
@@ -53,12 +53,12 @@ func (t *taker) loop() {
 			// A status the subscription stops on (the consumer deleted)
 			// comes back once; the next call says the iterator closed.
 			t.last = err
-			t.w.log.Debug().Err(err).Msg("pull interrupted")
+			t.c.log.Debug().Err(err).Msg("pull interrupted")
 			continue
 		}
 		t.last = nil
-		if run := t.w.accept(msg); run != nil {
-			t.w.runners.run(t.take)
+		if run := t.c.take(msg); run != nil {
+			t.c.runners.run(t.take)
 			run()
 			return
 		}
@@ -69,21 +69,21 @@ func (t *taker) loop() {
 // stopping (serve drained it); otherwise the consumer's end, which makes
 // Run return with it.
 func (t *taker) end(closed error) {
-	w := t.w
-	if !w.stopping.Load() {
+	c := t.c
+	if !c.stopping.Load() {
 		var why error
 		switch {
 		case errors.Is(closed, jetstream.ErrConnectionClosed):
 			why = nats.ErrConnectionClosed
 		case t.last != nil:
 			why = t.last
-		case w.js.Conn() != nil && !w.js.Conn().IsClosed():
-			why = fmt.Errorf("its subscription ended while NATS is %s", w.js.Conn().Status())
+		case c.js.Conn() != nil && !c.js.Conn().IsClosed():
+			why = fmt.Errorf("its subscription ended while NATS is %s", c.js.Conn().Status())
 		default:
 			why = nats.ErrConnectionClosed
 		}
 		// Nothing held is lost: what was not acked is redelivered.
-		t.err = fmt.Errorf("consumer %s stopped: %w; starting the worker again subscribes anew (and makes the consumer if it is gone), its checkpoints skipping what was applied", w.consumerName(), why)
+		t.err = fmt.Errorf("consumer %s stopped: %w; starting the worker again subscribes anew (and makes the consumer if it is gone), its checkpoints skipping what was applied", c.consumerName(), why)
 	}
 	close(t.done)
 }

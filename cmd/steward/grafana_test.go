@@ -59,7 +59,7 @@ func exportedMetrics(t *testing.T) map[string][]string {
 	srv := workertest.StartServer(t)
 	js := srv.JetStream(t)
 	spec := workers.Spec{Name: "credential", Instance: "hive-1", Subjects: []string{events.EventsPrefix + ".credential.rotated.hive-1"}, Types: []string{events.TypeCredentialRotated}}
-	if _, err := workers.New(context.Background(), js, spec, workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }), workers.WithRegisterer(rec)); err != nil {
+	if _, err := workers.New(js, spec, workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }), workers.WithRegisterer(rec)); err != nil {
 		t.Fatal(err)
 	}
 	publisher.New(js, publisher.WithRegisterer(rec))

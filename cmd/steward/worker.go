@@ -125,7 +125,7 @@ func runWorker(ctx context.Context, g *globals, rf *runtimeFlags, name string, h
 	opts := append(rf.options(g, reg), workers.WithDocumentKeys(signer, verifier), workers.WithDomain(g.jsDomain))
 	var w *workers.Runtime
 	err = g.retry(ctx, name+" worker: streams or consumer not ready yet", func() error {
-		w, err = workers.New(ctx, js, spec, h, opts...)
+		w, err = workers.New(js, spec, h, opts...)
 		if errors.Is(err, workers.ErrInvalidSpec) {
 			return backoff.Permanent(err)
 		}

@@ -180,9 +180,7 @@ func run() error {
 	// set up until told to stop, as a supervised worker would be restarted.
 	var w *workers.Runtime
 	for {
-		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		w, err = workers.New(sctx, js, spec, h, opts...)
-		cancel()
+		w, err = workers.New(js, spec, h, opts...)
 		if err == nil {
 			break
 		}

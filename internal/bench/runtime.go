@@ -33,7 +33,7 @@ func (e *Env) Runtime(ctx context.Context, o Options) (Measure, error) {
 		if o.Concurrency > 0 {
 			opts = append(opts, workers.WithConcurrency(o.Concurrency))
 		}
-		w, err := workers.New(ctx, e.subJS, spec, workers.HandlerFunc(func(_ context.Context, d *workers.Delivery) error {
+		w, err := workers.New(e.subJS, spec, workers.HandlerFunc(func(_ context.Context, d *workers.Delivery) error {
 			t.handle(d.Event.ID())
 			return nil
 		}), opts...)

@@ -142,5 +142,5 @@ func (s *Stack) newRuntime(ctx context.Context, h Service) (*workers.Runtime, er
 	if s.o.workerOptions != nil {
 		opts = s.o.workerOptions(s.o.registry)
 	}
-	return workers.New(ctx, js, spec, h, append(opts, workers.WithDocumentKeys(signer, verifier))...)
+	return workers.New(js, spec, h, append(opts, workers.WithDocumentKeys(signer, verifier))...)
 }

@@ -226,7 +226,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			defer func() { <-sem; started.Done() }()
 			js := jss[i%len(jss)]
 			err := retry(sctx, o.Timeout, func() error {
-				w, err := workers.New(sctx, js, Spec(i), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+				w, err := workers.New(js, Spec(i), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
 					return d.Emit(ctx, "applied", map[string]any{"hive": d.Key})
 				}), workers.WithRegisterer(reg), workers.WithReadMode(o.ReadMode), workers.WithSettledHook(func(s workers.Settlement) {
 					settledAt[i].CompareAndSwap(0, s.Settled.UnixNano())

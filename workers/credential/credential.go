@@ -221,6 +221,8 @@ func SpecFor(hive string) workers.Spec {
 		Instance: hive,
 		Subjects: []string{events.EventsPrefix + ".credential.rotated." + hive},
 		Types:    []string{events.TypeCredentialRotated},
+		// A rotation at or below the installed version changes nothing.
+		Unchanged: []string{OutcomeSkipped},
 	}
 }
 

@@ -266,6 +266,8 @@ func SpecFor(box string) workers.Spec {
 		Instance: box,
 		Subjects: []string{inv.FilterSubject(box), floor.FilterSubject("")},
 		Types:    []string{events.TypeInvitationWritten, events.TypeHostFloorPublished},
+		// A box already armed, or a floor already kept, changes nothing.
+		Unchanged: []string{OutcomeArmedAlready, OutcomeFloorKept},
 	}
 }
 

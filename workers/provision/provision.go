@@ -214,6 +214,8 @@ func SpecFor(machine string) workers.Spec {
 		Types:    []string{events.TypeGrantChanged},
 		// The catalog names these outcomes grant.applied and grant.refused.
 		OutcomeNoun: OutcomeNoun,
+		// A grant at or below the applied generation changes nothing.
+		Unchanged: []string{OutcomeSkipped},
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -32,7 +31,8 @@ import (
 //     in Spec.Types, is dead-lettered without reaching the handler;
 //   - results: nil is applied, workers.Refused is settled as refused,
 //     workers.Permanent is dead-lettered with its reason, any other error is
-//     Retried (the runtime would try it again after a backoff), and a panic
+//     Retried (the runtime would try it again after a backoff; WithAttempts
+//     tries it again at once, up to its count), and a panic
 //     is caught and tried again at once, up to workers.DefaultMaxPanics
 //     times (WithMaxPanics), then dead-lettered with the runtime's reason;
 //   - order: events of one key (and kind) run one at a time in stream order,
@@ -46,8 +46,8 @@ import (
 //     with revisions and events.ErrConflict (workers.NewMemoryState).
 //
 // What it does not model: crashes and redeliveries (use Redelivered to run
-// an event as a redelivery that finds a saved stage), the backoff and the
-// retry itself, the stream's dedupe window, checkpoints across processes
+// an event as a redelivery that finds a saved stage), the backoff, the
+// stream's dedupe window, checkpoints across processes
 // (an event is never skipped as older than one applied), heartbeats,
 // shutdown, and events arriving while a lane runs (the runtime supersedes
 // only what is queued or stored behind). WithRuntime runs the real runtime
@@ -58,14 +58,15 @@ type Runner struct {
 	h         workers.Handler
 	log       zerolog.Logger
 	maxPanics int
+	attempts  int
 
 	mu    sync.Mutex
 	seq   uint64
 	state *workers.State
 }
 
-// NewRunner returns a Runner of h for a worker of spec. WithLogger and
-// WithMaxPanics apply; WithRuntime is for Replay and ReplayFile.
+// NewRunner returns a Runner of h for a worker of spec. WithLogger,
+// WithMaxPanics and WithAttempts apply; WithRuntime is for Replay and ReplayFile.
 func NewRunner(t testing.TB, spec workers.Spec, h workers.Handler, opts ...Option) *Runner {
 	t.Helper()
 	c := newConfig(opts)
@@ -82,7 +83,7 @@ func newRunner(t testing.TB, spec workers.Spec, h workers.Handler, c config) *Ru
 	if spec.OrderKey == nil {
 		spec.OrderKey = func(e event.Event) string { return e.Subject() }
 	}
-	return &Runner{t: t, spec: spec, h: h, log: c.log, maxPanics: c.maxPanics, state: workers.NewMemoryState()}
+	return &Runner{t: t, spec: spec, h: h, log: c.log, maxPanics: c.maxPanics, attempts: c.attempts, state: workers.NewMemoryState()}
 }
 
 // State is the worker instance's state, kept in memory across calls. A test
@@ -267,29 +268,32 @@ func (r *Runner) supersededBy(later []*queued, it *queued) *queued {
 }
 
 // handle runs the handler on one event until it settles or would be
-// retried, trying a panic again at once as the runtime does.
+// retried, trying a panic again at once as the runtime does, and a failure
+// as often as WithAttempts allows.
 func (r *Runner) handle(ctx context.Context, it *queued, b *memBackend, attempt uint64, stage json.RawMessage) (Verdict, error, int) {
-	for panics := 0; ; {
-		d := r.delivery(it, b, attempt+uint64(panics), stage)
+	for panics, failures := 0, 0; ; {
+		tries := panics + failures
+		d := r.delivery(it, b, attempt+uint64(tries), stage)
 		err := call(ctx, r.h, d)
 		var p *panicked
 		switch {
 		case err == nil:
-			return Applied, nil, panics + 1
+			return Applied, nil, tries + 1
 		case workers.IsRefused(err):
-			return Refused, err, panics + 1
+			return Refused, err, tries + 1
 		case workers.IsPermanent(err):
-			return DeadLettered, err, panics + 1
+			return DeadLettered, err, tries + 1
 		case errors.As(err, &p):
-			panics++
-			if panics >= r.maxPanics {
-				return DeadLettered, workers.Permanent(fmt.Errorf("the handler panicked %d times, the last with: %w", panics, err)), panics
+			if panics++; panics >= r.maxPanics {
+				return DeadLettered, workers.Permanent(fmt.Errorf("the handler panicked %d times, the last with: %w", panics, err)), tries + 1
 			}
-			// A redelivery finds what the panicking attempt saved.
-			stage = b.lastStage(it.seq, stage)
 		default:
-			return Retried, err, panics + 1
+			if failures++; failures >= r.attempts {
+				return Retried, err, tries + 1
+			}
 		}
+		// The next attempt finds what the failed one saved.
+		stage = b.lastStage(it.seq, stage)
 	}
 }
 
@@ -312,24 +316,24 @@ func (r *Runner) check(e event.Event) error {
 	return nil
 }
 
-// deadLetter builds the letter the runtime would write, and reads it back
-// through events.ParseDeadLetter, the one parser of the format.
+// deadLetter builds the letter the runtime would write, with the runtime's
+// builder (events.NewDeadLetter) and the instance's test key, and reads it
+// back through events.ParseDeadLetter, the one parser of the format.
 func (r *Runner) deadLetter(it *queued, reason error, delivered uint64) events.DeadLetter {
 	subject := r.subjectOf(it.e)
 	msg, err := events.Encode(subject, it.e)
 	if err != nil {
 		msg = nats.NewMsg(subject)
 	}
-	h := nats.Header{}
-	for k, v := range msg.Header {
-		h[k] = append([]string(nil), v...)
-	}
-	h.Set(events.HeaderError, redact.Line(reason.Error()))
-	h.Set(events.HeaderWorker, r.spec.Name+"-"+r.spec.Instance)
-	h.Set(events.HeaderStreamSeq, strconv.FormatUint(it.seq, 10))
-	h.Set(events.HeaderDelivered, strconv.FormatUint(delivered, 10))
-	h.Set(events.HeaderSubject, subject)
-	return events.ParseDeadLetter(0, events.DLQSubject(r.spec.Name, r.spec.Instance), h, msg.Data)
+	consumer := r.spec.Name + "-" + r.spec.Instance
+	dlq := events.DLQSubject(r.spec.Name, r.spec.Instance)
+	letter, _ := events.NewDeadLetter(events.LetterSource{
+		Consumer: consumer, DLQSubject: dlq, Stream: events.StreamEvents,
+		Sequence: it.seq, Subject: subject, Delivered: delivered,
+		Reason: redact.Line(reason.Error()), Header: msg.Header, Data: msg.Data,
+		Signer: Signer(consumer),
+	})
+	return events.ParseDeadLetter(0, dlq, letter.Header, letter.Data)
 }
 
 // subjectOf is where a publisher would have put e: its kind's subject for

@@ -35,8 +35,8 @@ func Replay(t testing.TB, list []event.Event, spec workers.Spec, h workers.Handl
 
 // replayOnServer publishes the stream to a fresh embedded server and runs
 // the runtime over it until every event has settled, gone to the DLQ, or
-// failed at least once (a failure the runtime retries for as long as it
-// lasts, so waiting for it to settle could take for ever).
+// failed as many times as WithAttempts allows (a failure the runtime retries
+// for as long as it lasts, so waiting for it to settle could take for ever).
 func replayOnServer(t testing.TB, list []event.Event, spec workers.Spec, h workers.Handler, c config) *Result {
 	t.Helper()
 	js := StartServer(t).JetStream(t)
@@ -96,7 +96,7 @@ func replayOnServer(t testing.TB, list []event.Event, spec workers.Spec, h worke
 	}
 	var dead map[uint64]int
 	res := &Result{t: t}
-	WaitUntil(t, "every replayed event is settled, dead-lettered or failed once", func() bool {
+	WaitUntil(t, "every replayed event is settled, dead-lettered or out of attempts", func() bool {
 		res.DeadLetters = DeadLetters(t, js, spec.Name, spec.Instance)
 		dead = map[uint64]int{}
 		for i, d := range res.DeadLetters {
@@ -107,7 +107,7 @@ func replayOnServer(t testing.TB, list []event.Event, spec workers.Spec, h worke
 		for _, seq := range seqs {
 			_, s := settled[seq]
 			_, d := dead[seq]
-			if a, ok := tried[seq]; !s && !d && (!ok || a.Err == nil || workers.IsRefused(a.Err)) {
+			if a, ok := tried[seq]; !s && !d && (!ok || a.Err == nil || workers.IsRefused(a.Err) || a.Attempts < c.attempts) {
 				return false
 			}
 		}

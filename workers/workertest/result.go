@@ -289,12 +289,13 @@ type Option func(*config)
 type config struct {
 	log        zerolog.Logger
 	maxPanics  int
+	attempts   int
 	runtime    bool
 	runtimeOpt []workers.Option
 }
 
 func newConfig(opts []Option) config {
-	c := config{log: zerolog.Nop(), maxPanics: workers.DefaultMaxPanics}
+	c := config{log: zerolog.Nop(), maxPanics: workers.DefaultMaxPanics, attempts: 1}
 	for _, o := range opts {
 		o(&c)
 	}
@@ -307,10 +308,19 @@ func WithLogger(l zerolog.Logger) Option { return func(c *config) { c.log = l } 
 // WithMaxPanics is workers.WithMaxPanics for the in-memory run.
 func WithMaxPanics(n int) Option { return func(c *config) { c.maxPanics = max(n, 1) } }
 
+// WithAttempts lets an event whose handler fails with an ordinary error run
+// up to n times before it is reported Retried (the default, 1, reports it at
+// its first failure), so a test can show that a transient failure applies
+// once it passes. In memory the attempts run one after the other; on the
+// runtime (WithRuntime) they are the runtime's own retries, after its
+// backoff (workers.WithBackoff shortens it).
+func WithAttempts(n int) Option { return func(c *config) { c.attempts = max(n, 1) } }
+
 // WithRuntime makes Replay and ReplayFile run the real runtime
 // (workers.New and Run) on an embedded JetStream server instead of in
 // memory, with opts for the worker: every event is published, and the run
-// ends once each has settled, been dead-lettered or failed at least once.
+// ends once each has settled, been dead-lettered or failed as many times as
+// WithAttempts allows (once by default).
 func WithRuntime(opts ...workers.Option) Option {
 	return func(c *config) { c.runtime, c.runtimeOpt = true, opts }
 }

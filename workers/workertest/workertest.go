@@ -7,7 +7,8 @@
 // style of rivertest's Worker.Work and httptest's ResponseRecorder. The
 // runtime's rules apply: nil is Applied, workers.Refused is Refused,
 // workers.Permanent is DeadLettered with its reason, a plain error is
-// Retried, a panic is caught, and under a latest-wins Spec the older
+// Retried (or tried again, up to WithAttempts times, so a transient failure
+// can be shown to apply once it passes), a panic is caught, and under a latest-wins Spec the older
 // events of a stream queued together are Superseded. Runner keeps state
 // between events and documents exactly what it models and what it does
 // not (crashes, redelivery, backoff).
@@ -178,7 +179,7 @@ type Running struct {
 func Start(t testing.TB, js jetstream.JetStream, spec workers.Spec, h workers.Handler, opts ...workers.Option) *Running {
 	t.Helper()
 	opts = append([]workers.Option{workers.WithRegisterer(prometheus.NewRegistry()), DocumentKeys(spec.Name, spec.Instance)}, opts...)
-	w, err := workers.New(context.Background(), js, spec, h, opts...)
+	w, err := workers.New(js, spec, h, opts...)
 	if err != nil {
 		t.Fatalf("worker %s: %v", spec.Name, err)
 	}

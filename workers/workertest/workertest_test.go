@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/rs/zerolog"
@@ -432,5 +433,48 @@ func TestNewBackendKeepsWhatAHandlerDoes(t *testing.T) {
 	}
 	if len(res.Stages) != 1 || res.Stages[0].Sequence != 7 || string(res.Stages[0].Stage) != `{"step":"written"}` {
 		t.Fatalf("stages %+v, want the one saved at sequence 7", res.Stages)
+	}
+}
+
+// flaky fails its first failures calls with a transient error, then runs
+// the versions handler.
+type flaky struct {
+	mu       sync.Mutex
+	failures int
+	v        versions
+}
+
+func (f *flaky) Handle(ctx context.Context, d *workers.Delivery) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failures > 0 {
+		f.failures--
+		return errors.New("the vault is not reachable yet")
+	}
+	return f.v.Handle(ctx, d)
+}
+
+// TestWithAttemptsAppliesATransientFailureOnceItPasses runs a handler that
+// fails twice and then applies, in memory and on the runtime: with three
+// attempts it is applied at the third, with the default one it is reported
+// retried at its first failure.
+func TestWithAttemptsAppliesATransientFailureOnceItPasses(t *testing.T) {
+	path := writeStream(t, rotation(t, 1, "c1"))
+	fast := workers.WithBackoff(workers.BackoffUpTo(10 * time.Millisecond))
+	for _, where := range []struct {
+		name string
+		opts []workertest.Option
+	}{{"memory", nil}, {"runtime", []workertest.Option{workertest.WithRuntime(fast)}}} {
+		res := workertest.ReplayFile(t, path, spec(nil), &flaky{failures: 2}, append(where.opts, workertest.WithAttempts(3))...)
+		res.AssertVerdicts(workertest.Applied)
+		res.AssertOutcomes("applied")
+		if a := res.Events[0].Attempts; a != 3 {
+			t.Errorf("%s: applied after %d attempts, want 3", where.name, a)
+		}
+		once := workertest.ReplayFile(t, path, spec(nil), &flaky{failures: 2}, where.opts...)
+		once.AssertVerdicts(workertest.Retried)
+		if a := once.Events[0].Attempts; a != 1 || once.Events[0].Err == nil {
+			t.Errorf("%s: without WithAttempts, %d attempts and error %v; want one, failed", where.name, a, once.Events[0].Err)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -38,6 +39,89 @@ func hostBound(spec Spec) bool {
 	})
 }
 
+// consumerSource is the source of a ReadConsumer instance: its durable pull
+// consumer, which several processes of the instance share, taken from by
+// one runner at a time (taker.go).
+type consumerSource struct {
+	*instance
+	// accept queues a message taken behind its key (Runtime.accept).
+	accept   func(jetstream.Msg, *jetstream.MsgMetadata) (run func())
+	runners  *runners
+	stopping *atomic.Bool
+	cps      *checkpointStore
+	// lastSeq is the consumer sequence of the last delivery taken: a gap
+	// in it means another process (or a lost pull) took events.
+	lastSeq uint64
+	// stream and consumer are bound by ensure; it and tk by read.
+	stream   jetstream.Stream
+	consumer jetstream.Consumer
+	it       jetstream.MessagesContext
+	tk       *taker
+}
+
+func (c *consumerSource) ensure(ctx context.Context, stream jetstream.Stream, _ *events.Store) error {
+	c.stream = stream
+	consumer, err := c.ensureConsumer(ctx)
+	if err != nil {
+		return err
+	}
+	c.consumer = consumer
+	return nil
+}
+
+func (c *consumerSource) read(context.Context) (<-chan struct{}, error) {
+	// A pull as large as what the consumer may have outstanding keeps
+	// lanes fed in a burst, so runs of a key form and share a checkpoint
+	// write (batch.go): a smaller one left them starved, each event of a
+	// key on its own. It costs no more memory than holding them does.
+	it, err := c.consumer.Messages(jetstream.PullMaxMessages(c.o.maxAckPending))
+	if err != nil {
+		return nil, fmt.Errorf("consume %s: %w", c.consumerName(), err)
+	}
+	c.it, c.tk = it, newTaker(c, it)
+	c.runners.run(c.tk.take)
+	return c.tk.done, nil
+}
+
+// take hands a delivery to accept, having noted what its metadata says:
+// a gap in the consumer sequence (deliveries went elsewhere: another
+// process of this instance, or a pull lost on a reconnect) makes the
+// checkpoints cached here stale, since an earlier event of a key may be
+// held elsewhere; and the count still pending, which costs no request.
+func (c *consumerSource) take(msg jetstream.Msg) (run func()) {
+	meta, err := msg.Metadata()
+	if err != nil {
+		c.log.Error().Err(err).Msg("message without JetStream metadata")
+		return nil
+	}
+	if !c.stopping.Load() {
+		if c.lastSeq != 0 && meta.Sequence.Consumer != c.lastSeq+1 {
+			c.cps.gap()
+		}
+		c.lastSeq = meta.Sequence.Consumer
+		c.m.pending.Set(float64(meta.NumPending))
+	}
+	return c.accept(msg, meta)
+}
+
+func (c *consumerSource) stopErr() error { return c.tk.err }
+
+func (c *consumerSource) drain() { c.it.Drain() }
+
+func (c *consumerSource) finish(context.Context) {}
+
+// complete is false: deliveries of one key may go to another process of
+// the instance, or be lost on a reconnect.
+func (c *consumerSource) complete() bool { return false }
+
+func (c *consumerSource) ackFloor(ctx context.Context) (uint64, error) {
+	info, err := c.consumer.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return info.AckFloor.Stream, nil
+}
+
 // consumerConfig is the durable consumer of the instance.
 //
 // A host-bound instance's consumer is R1 and file-stored whatever the
@@ -51,21 +135,21 @@ func hostBound(spec Spec) bool {
 // would restart from the stream's first event with a new consumer
 // sequence, and storage type cannot be changed in place, so upgrading to
 // it would mean a new consumer). Others inherit the stream's replicas (0).
-func (w *Runtime) consumerConfig() jetstream.ConsumerConfig {
+func (c *consumerSource) consumerConfig() jetstream.ConsumerConfig {
 	cfg := jetstream.ConsumerConfig{
-		Durable:        w.consumerName(),
-		Description:    "Steward " + w.spec.Name + " worker for " + w.spec.Instance,
-		FilterSubjects: w.spec.Subjects,
+		Durable:        c.consumerName(),
+		Description:    "Steward " + c.spec.Name + " worker for " + c.spec.Instance,
+		FilterSubjects: c.spec.Subjects,
 		AckPolicy:      jetstream.AckExplicitPolicy,
-		AckWait:        w.o.ackWait,
+		AckWait:        c.o.ackWait,
 		// Unlimited: the server never gives up on desired state. The
 		// runtime retries failures in process, and bounds only deliveries
 		// that never settle (WithMaxDeliver), a crash loop.
 		MaxDeliver:    -1,
-		MaxAckPending: w.o.maxAckPending,
+		MaxAckPending: c.o.maxAckPending,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	}
-	if hostBound(w.spec) {
+	if hostBound(c.spec) {
 		cfg.Replicas = 1
 	}
 	return cfg
@@ -81,29 +165,29 @@ func (w *Runtime) consumerConfig() jetstream.ConsumerConfig {
 // updated in place under the same name (an upgrade from R3 to R1 keeps its
 // ack floor and consumer sequence, so nothing is delivered twice or
 // skipped, and the runtime's gap detection keeps a sequence it can trust).
-func (w *Runtime) ensureConsumer(ctx context.Context) (jetstream.Consumer, error) {
-	want := w.consumerConfig()
-	c, err := w.js.Consumer(ctx, events.StreamEvents, want.Durable)
+func (c *consumerSource) ensureConsumer(ctx context.Context) (jetstream.Consumer, error) {
+	want := c.consumerConfig()
+	have, err := c.js.Consumer(ctx, events.StreamEvents, want.Durable)
 	switch {
-	case err == nil && sameConsumer(c.CachedInfo().Config, want):
-		return w.wrapConsumer(c), nil
+	case err == nil && sameConsumer(have.CachedInfo().Config, want):
+		return c.wrapConsumer(have), nil
 	case err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound):
 		return nil, fmt.Errorf("look up consumer %s on %s: %w", want.Durable, events.StreamEvents, err)
 	}
-	c, err = w.js.CreateOrUpdateConsumer(ctx, events.StreamEvents, want)
+	have, err = c.js.CreateOrUpdateConsumer(ctx, events.StreamEvents, want)
 	if err != nil {
-		return nil, w.consumerError(ctx, want.Durable, err)
+		return nil, c.consumerError(ctx, want.Durable, err)
 	}
-	return w.wrapConsumer(c), nil
+	return c.wrapConsumer(have), nil
 }
 
 // consumerError names the limit a refused consumer hit, with the count and
 // the setting that raises it.
-func (w *Runtime) consumerError(ctx context.Context, name string, err error) error {
+func (c *consumerSource) consumerError(ctx context.Context, name string, err error) error {
 	if errors.Is(err, jetstream.ErrMaximumConsumersLimit) {
 		var info *jetstream.StreamInfo
-		if w.stream != nil {
-			info, _ = w.stream.Info(ctx)
+		if c.stream != nil {
+			info, _ = c.stream.Info(ctx)
 		}
 		if le := events.AsLimitError(events.StreamEvents, err, info); le != nil {
 			return fmt.Errorf("create consumer %s: %w", name, le)
@@ -128,13 +212,13 @@ func sameConsumer(have, want jetstream.ConsumerConfig) bool {
 }
 
 // wrapConsumer gives a host-bound instance's pulls the fleet's expiry and
-// heartbeat. The runtime's Messages call (consume.go) sets the batch; this
-// adds what makes an idle instance cheap for the server.
-func (w *Runtime) wrapConsumer(c jetstream.Consumer) jetstream.Consumer {
-	if !hostBound(w.spec) {
-		return c
+// heartbeat. The Messages call of read sets the batch; this adds what makes
+// an idle instance cheap for the server.
+func (c *consumerSource) wrapConsumer(consumer jetstream.Consumer) jetstream.Consumer {
+	if !hostBound(c.spec) {
+		return consumer
 	}
-	return fleetConsumer{Consumer: c}
+	return fleetConsumer{Consumer: consumer}
 }
 
 // fleetConsumer is a consumer whose subscriptions pull with the fleet's
