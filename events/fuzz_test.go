@@ -2,6 +2,7 @@ package events
 
 import (
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -28,6 +29,9 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 		sameAsSDK(t, h, data)
+		if isKey(subject) != keyPattern.MatchString(subject) {
+			t.Fatalf("isKey(%q) is %t, KeyPattern says otherwise", subject, isKey(subject))
+		}
 		e, err := Decode(h, data)
 		if err != nil || Validate(e) != nil {
 			return
@@ -50,6 +54,8 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+var keyPattern = regexp.MustCompile(KeyPattern)
 
 // sameAsSDK fails t when the fast binary-mode reading of a message differs
 // from sdk-go's: an event it reads must be sdk-go's event, field for field.

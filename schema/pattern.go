@@ -17,9 +17,10 @@ type pattern struct {
 	end   bool   // anchored at the end of the text
 }
 
-// item is one step of a simple pattern: a literal rune or a class,
-// repeated min to max times (max -1: no bound).
+// item is one step of a simple pattern: a run of ASCII literals, or a
+// literal rune or a class repeated min to max times (max -1: no bound).
 type item struct {
+	ascii    string // when set, the item is this run, once
 	ranges   []rune // pairs, as regexp/syntax keeps them
 	min, max int
 }
@@ -103,7 +104,27 @@ func simple(expr string) ([]item, bool, bool) {
 			}
 		}
 	}
-	return items, end, true
+	return foldASCII(items), end, true
+}
+
+// foldASCII joins runs of single ASCII literals into one item, compared
+// as bytes: an ASCII byte of the data is the rune it reads as, and no
+// other byte or sequence reads as an ASCII rune.
+func foldASCII(items []item) []item {
+	var out []item
+	for _, it := range items {
+		lit := it.min == 1 && it.max == 1 && len(it.ranges) == 2 && it.ranges[0] == it.ranges[1] && it.ranges[0] < utf8.RuneSelf
+		if !lit {
+			out = append(out, it)
+			continue
+		}
+		if n := len(out); n > 0 && out[n-1].ascii != "" {
+			out[n-1].ascii += string(it.ranges[0])
+			continue
+		}
+		out = append(out, item{ascii: string(it.ranges[0]), min: 1, max: 1})
+	}
+	return out
 }
 
 func overlap(a, b []rune) bool {
@@ -134,6 +155,13 @@ func (p *pattern) match(v []byte) bool {
 	i := 0
 	for k := range p.items {
 		it := &p.items[k]
+		if it.ascii != "" {
+			if len(v)-i < len(it.ascii) || string(v[i:i+len(it.ascii)]) != it.ascii {
+				return false
+			}
+			i += len(it.ascii)
+			continue
+		}
 		n := 0
 		for it.max < 0 || n < it.max {
 			if i >= len(v) {
