@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"golang.org/x/text/language"
 	"golang.org/x/text/message"
@@ -98,18 +99,32 @@ func names(list []string) string {
 // extra adds an unknown property name to the list a closed object
 // refuses, once however often the data repeats it.
 func (s *scanner) extra(list []string, k []byte) []string {
-	for _, n := range list {
-		if n == string(k) {
-			return list
-		}
+	n := decoded(k)
+	if slices.Contains(list, n) {
+		return list
 	}
-	return append(list, string(k))
+	return append(list, n)
+}
+
+// decoded is a name as encoding/json decodes it, each byte of bad UTF-8
+// a U+FFFD: two names that differ only there are one name to the oracle.
+func decoded(k []byte) string {
+	if utf8.Valid(k) {
+		return string(k)
+	}
+	var b strings.Builder
+	for len(k) > 0 {
+		r, size := utf8.DecodeRune(k)
+		b.WriteRune(r)
+		k = k[size:]
+	}
+	return b.String()
 }
 
 // keep holds a top-level field's string value when it is the one asked
 // for.
 func (s *scanner) keep(field string, v []byte) {
 	if s.want == field {
-		s.got = string(v)
+		s.got = decoded(v)
 	}
 }
