@@ -1,10 +1,13 @@
 package schema
 
 import (
+	"bytes"
 	"errors"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
 // agree fails t when the generated validator and the oracle disagree on
@@ -17,6 +20,7 @@ func agree(t *testing.T, typ string, data []byte) {
 		t.Fatalf("%s %q:\ngenerated: %v\noracle:    %v", typ, data, got, want)
 	}
 	if got == nil {
+		sameFields(t, typ, data)
 		return
 	}
 	var g, w *Error
@@ -104,4 +108,23 @@ func FuzzValidateAgreesWithOracle(f *testing.F) {
 	f.Fuzz(func(t *testing.T, typ uint8, data []byte) {
 		agree(t, types[int(typ)%len(types)], data)
 	})
+}
+
+// sameFields fails t when a top-level string field that ValidateKey reads
+// from valid data is not the one encoding/json decodes (the last of
+// duplicate names, escapes resolved).
+func sameFields(t *testing.T, typ string, data []byte) {
+	t.Helper()
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
+	if err != nil {
+		t.Fatalf("%s %q: valid data does not decode: %v", typ, data, err)
+	}
+	fields, _ := doc.(map[string]any)
+	for k, v := range fields {
+		want, _ := v.(string)
+		got, err := ValidateKey(typ, data, k)
+		if err != nil || got != want {
+			t.Fatalf("%s %q: field %q read as %q (%v), encoding/json reads %q", typ, data, k, got, err, want)
+		}
+	}
 }

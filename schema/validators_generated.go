@@ -33,22 +33,22 @@ func validate(typ string, s *scanner, at *loc) bool {
 	return true
 }
 
-// pattern1 is the pattern of /clientId in credential.rotated.v1, among others.
+// pattern1 is the pattern of /clientId in credential.rotated.v1, and of any other with the same expression.
 var pattern1 = compilePattern("^[\\x21-\\x7e]+$")
 
-// pattern2 is the pattern of /hive in credential.rotated.v1, among others.
+// pattern2 is the pattern of /hive in credential.rotated.v1, and of any other with the same expression.
 var pattern2 = compilePattern("^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 
-// pattern3 is the pattern of /secret in credential.rotated.v1, among others.
+// pattern3 is the pattern of /secret in credential.rotated.v1, and of any other with the same expression.
 var pattern3 = compilePattern("^-----BEGIN AGE ENCRYPTED FILE-----")
 
-// pattern4 is the pattern of /manifestDigest in release.published.v1, among others.
+// pattern4 is the pattern of /manifestDigest in release.published.v1, and of any other with the same expression.
 var pattern4 = compilePattern("^sha256:[0-9a-f]{64}$")
 
-// pattern5 is the pattern of /version in release.published.v1, among others.
+// pattern5 is the pattern of /version in release.published.v1, and of any other with the same expression.
 var pattern5 = compilePattern("^(0|[1-9][0-9]*)\\.(0|[1-9][0-9]*)\\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?(\\+[0-9A-Za-z.-]+)?$")
 
-// checkCredentialRotatedV1ClientId checks /clientId of credential.rotated.v1.
+// checkCredentialRotatedV1ClientId checks /clientId of credential.rotated.v1, and any value whose schema is the same.
 func checkCredentialRotatedV1ClientId(s *scanner, at *loc) {
 	if t := s.peek(); t != typeString {
 		if t != typeNone {
@@ -73,7 +73,7 @@ func checkCredentialRotatedV1ClientId(s *scanner, at *loc) {
 	}
 }
 
-// checkCredentialRotatedV1EnvelopePayload checks /envelope/payload of credential.rotated.v1.
+// checkCredentialRotatedV1EnvelopePayload checks /envelope/payload of credential.rotated.v1, and any value whose schema is the same.
 func checkCredentialRotatedV1EnvelopePayload(s *scanner, at *loc) {
 	if t := s.peek(); t != typeString {
 		if t != typeNone {
@@ -94,7 +94,7 @@ func checkCredentialRotatedV1EnvelopePayload(s *scanner, at *loc) {
 	}
 }
 
-// checkCredentialRotatedV1EnvelopePayloadType checks /envelope/payloadType of credential.rotated.v1.
+// checkCredentialRotatedV1EnvelopePayloadType checks /envelope/payloadType of credential.rotated.v1, and any value whose schema is the same.
 func checkCredentialRotatedV1EnvelopePayloadType(s *scanner, at *loc) {
 	if t := s.peek(); t != typeString {
 		if t != typeNone {
@@ -112,7 +112,7 @@ func checkCredentialRotatedV1EnvelopePayloadType(s *scanner, at *loc) {
 	}
 }
 
-// checkCredentialRotatedV1EnvelopeSignaturesItemKeyid checks /envelope/signatures/*/keyid of credential.rotated.v1.
+// checkCredentialRotatedV1EnvelopeSignaturesItemKeyid checks /envelope/signatures/*/keyid of credential.rotated.v1, and any value whose schema is the same.
 func checkCredentialRotatedV1EnvelopeSignaturesItemKeyid(s *scanner, at *loc) {
 	if t := s.peek(); t != typeString {
 		if t != typeNone {
@@ -130,7 +130,7 @@ func checkCredentialRotatedV1EnvelopeSignaturesItemKeyid(s *scanner, at *loc) {
 	}
 }
 
-// checkCredentialRotatedV1EnvelopeSignaturesItemSig checks /envelope/signatures/*/sig of credential.rotated.v1.
+// checkCredentialRotatedV1EnvelopeSignaturesItemSig checks /envelope/signatures/*/sig of credential.rotated.v1, and any value whose schema is the same.
 func checkCredentialRotatedV1EnvelopeSignaturesItemSig(s *scanner, at *loc) {
 	if t := s.peek(); t != typeString {
 		if t != typeNone {
@@ -151,7 +151,7 @@ func checkCredentialRotatedV1EnvelopeSignaturesItemSig(s *scanner, at *loc) {
 	}
 }
 
-// checkCredentialRotatedV1EnvelopeSignaturesItem checks /envelope/signatures/* of credential.rotated.v1.
+// checkCredentialRotatedV1EnvelopeSignaturesItem checks /envelope/signatures/* of credential.rotated.v1, and any value whose schema is the same.
 func checkCredentialRotatedV1EnvelopeSignaturesItem(s *scanner, at *loc) {
 	if t := s.peek(); t != typeObject {
 		if t != typeNone {
@@ -217,7 +217,7 @@ func checkCredentialRotatedV1EnvelopeSignaturesItem(s *scanner, at *loc) {
 	}
 }
 
-// checkCredentialRotatedV1EnvelopeSignatures checks /envelope/signatures of credential.rotated.v1.
+// checkCredentialRotatedV1EnvelopeSignatures checks /envelope/signatures of credential.rotated.v1, and any value whose schema is the same.
 func checkCredentialRotatedV1EnvelopeSignatures(s *scanner, at *loc) {
 	if t := s.peek(); t != typeArray {
 		if t != typeNone {
@@ -243,7 +243,7 @@ func checkCredentialRotatedV1EnvelopeSignatures(s *scanner, at *loc) {
 	}
 }
 
-// checkCredentialRotatedV1Envelope checks /envelope of credential.rotated.v1.
+// checkCredentialRotatedV1Envelope checks /envelope of credential.rotated.v1, and any value whose schema is the same.
 func checkCredentialRotatedV1Envelope(s *scanner, at *loc) {
 	if t := s.peek(); t != typeObject {
 		if t != typeNone {
@@ -325,7 +325,7 @@ func checkCredentialRotatedV1Envelope(s *scanner, at *loc) {
 	}
 }
 
-// checkCredentialRotatedV1Hive checks /hive of credential.rotated.v1.
+// checkCredentialRotatedV1Hive checks /hive of credential.rotated.v1, and any value whose schema is the same.
 func checkCredentialRotatedV1Hive(s *scanner, at *loc) {
 	if t := s.peek(); t != typeString {
 		if t != typeNone {
@@ -343,7 +343,7 @@ func checkCredentialRotatedV1Hive(s *scanner, at *loc) {
 	}
 }
 
-// checkCredentialRotatedV1Secret checks /secret of credential.rotated.v1.
+// checkCredentialRotatedV1Secret checks /secret of credential.rotated.v1, and any value whose schema is the same.
 func checkCredentialRotatedV1Secret(s *scanner, at *loc) {
 	if t := s.peek(); t != typeString {
 		if t != typeNone {
@@ -368,7 +368,7 @@ func checkCredentialRotatedV1Secret(s *scanner, at *loc) {
 	}
 }
 
-// checkCredentialRotatedV1Version checks /version of credential.rotated.v1.
+// checkCredentialRotatedV1Version checks /version of credential.rotated.v1, and any value whose schema is the same.
 func checkCredentialRotatedV1Version(s *scanner, at *loc) {
 	if t := s.peek(); t != typeNumber {
 		if t != typeNone {
@@ -389,7 +389,7 @@ func checkCredentialRotatedV1Version(s *scanner, at *loc) {
 	}
 }
 
-// checkCredentialRotatedV1 checks / of credential.rotated.v1.
+// checkCredentialRotatedV1 checks / of credential.rotated.v1, and any value whose schema is the same.
 func checkCredentialRotatedV1(s *scanner, at *loc) {
 	if t := s.peek(); t != typeObject {
 		if t != typeNone {
@@ -494,28 +494,7 @@ func checkCredentialRotatedV1(s *scanner, at *loc) {
 	}
 }
 
-// checkGrantChangedV1EnvelopePayload checks /envelope/payload of grant.changed.v1.
-func checkGrantChangedV1EnvelopePayload(s *scanner, at *loc) {
-	if t := s.peek(); t != typeString {
-		if t != typeNone {
-			s.wrongType(at, t, "string")
-		}
-		return
-	}
-	v := s.str()
-	if s.bad {
-		return
-	}
-	n := utf8.RuneCount(v)
-	if n < 1 {
-		s.problem(at, "is shorter than 1 characters")
-	}
-	if n > 262144 {
-		s.problem(at, "is longer than 262144 characters")
-	}
-}
-
-// checkGrantChangedV1EnvelopePayloadType checks /envelope/payloadType of grant.changed.v1.
+// checkGrantChangedV1EnvelopePayloadType checks /envelope/payloadType of grant.changed.v1, and any value whose schema is the same.
 func checkGrantChangedV1EnvelopePayloadType(s *scanner, at *loc) {
 	if t := s.peek(); t != typeString {
 		if t != typeNone {
@@ -533,138 +512,7 @@ func checkGrantChangedV1EnvelopePayloadType(s *scanner, at *loc) {
 	}
 }
 
-// checkGrantChangedV1EnvelopeSignaturesItemKeyid checks /envelope/signatures/*/keyid of grant.changed.v1.
-func checkGrantChangedV1EnvelopeSignaturesItemKeyid(s *scanner, at *loc) {
-	if t := s.peek(); t != typeString {
-		if t != typeNone {
-			s.wrongType(at, t, "string")
-		}
-		return
-	}
-	v := s.str()
-	if s.bad {
-		return
-	}
-	n := utf8.RuneCount(v)
-	if n > 256 {
-		s.problem(at, "is longer than 256 characters")
-	}
-}
-
-// checkGrantChangedV1EnvelopeSignaturesItemSig checks /envelope/signatures/*/sig of grant.changed.v1.
-func checkGrantChangedV1EnvelopeSignaturesItemSig(s *scanner, at *loc) {
-	if t := s.peek(); t != typeString {
-		if t != typeNone {
-			s.wrongType(at, t, "string")
-		}
-		return
-	}
-	v := s.str()
-	if s.bad {
-		return
-	}
-	n := utf8.RuneCount(v)
-	if n < 1 {
-		s.problem(at, "is shorter than 1 characters")
-	}
-	if n > 4096 {
-		s.problem(at, "is longer than 4096 characters")
-	}
-}
-
-// checkGrantChangedV1EnvelopeSignaturesItem checks /envelope/signatures/* of grant.changed.v1.
-func checkGrantChangedV1EnvelopeSignaturesItem(s *scanner, at *loc) {
-	if t := s.peek(); t != typeObject {
-		if t != typeNone {
-			s.wrongType(at, t, "object")
-		}
-		return
-	}
-	start, before, got := s.pos, len(s.problems), s.got
-	var seen, dup uint64
-	var extra []string
-	s.enter()
-	for more := s.first('}'); more && !s.bad; more = s.next('}') {
-		switch k := s.key(); string(k) {
-		case "keyid":
-			dup |= seen & (1 << 0)
-			seen |= 1 << 0
-			checkGrantChangedV1EnvelopeSignaturesItemKeyid(s, &loc{up: at, name: "keyid"})
-		case "sig":
-			dup |= seen & (1 << 1)
-			seen |= 1 << 1
-			checkGrantChangedV1EnvelopeSignaturesItemSig(s, &loc{up: at, name: "sig"})
-		default:
-			extra = s.extra(extra, k)
-			s.skip()
-		}
-	}
-	s.depth--
-	if dup != 0 && !s.bad {
-		end := s.pos
-		s.problems, s.got = s.problems[:before], got
-		var last [2]int
-		s.pos = start
-		s.enter()
-		for more := s.first('}'); more && !s.bad; more = s.next('}') {
-			switch string(s.key()) {
-			case "keyid":
-				last[0] = s.pos
-			case "sig":
-				last[1] = s.pos
-			}
-			s.skip()
-		}
-		s.depth--
-		if last[0] != 0 {
-			s.pos = last[0]
-			checkGrantChangedV1EnvelopeSignaturesItemKeyid(s, &loc{up: at, name: "keyid"})
-		}
-		if last[1] != 0 {
-			s.pos = last[1]
-			checkGrantChangedV1EnvelopeSignaturesItemSig(s, &loc{up: at, name: "sig"})
-		}
-		s.pos = end
-	}
-	var missing []string
-	if seen&(1<<1) == 0 {
-		missing = append(missing, "sig")
-	}
-	if missing != nil {
-		s.problem(at, missingRule(missing))
-	}
-	if extra != nil {
-		s.problem(at, extraRule(extra))
-	}
-}
-
-// checkGrantChangedV1EnvelopeSignatures checks /envelope/signatures of grant.changed.v1.
-func checkGrantChangedV1EnvelopeSignatures(s *scanner, at *loc) {
-	if t := s.peek(); t != typeArray {
-		if t != typeNone {
-			s.wrongType(at, t, "array")
-		}
-		return
-	}
-	n := 0
-	s.enter()
-	for more := s.first(']'); more && !s.bad; more = s.next(']') {
-		checkGrantChangedV1EnvelopeSignaturesItem(s, &loc{up: at, index: n})
-		n++
-	}
-	s.depth--
-	if s.bad {
-		return
-	}
-	if n < 1 {
-		s.problem(at, itemsRule("minItems", n, 1))
-	}
-	if n > 8 {
-		s.problem(at, itemsRule("maxItems", n, 8))
-	}
-}
-
-// checkGrantChangedV1Envelope checks /envelope of grant.changed.v1.
+// checkGrantChangedV1Envelope checks /envelope of grant.changed.v1, and any value whose schema is the same.
 func checkGrantChangedV1Envelope(s *scanner, at *loc) {
 	if t := s.peek(); t != typeObject {
 		if t != typeNone {
@@ -681,7 +529,7 @@ func checkGrantChangedV1Envelope(s *scanner, at *loc) {
 		case "payload":
 			dup |= seen & (1 << 0)
 			seen |= 1 << 0
-			checkGrantChangedV1EnvelopePayload(s, &loc{up: at, name: "payload"})
+			checkCredentialRotatedV1EnvelopePayload(s, &loc{up: at, name: "payload"})
 		case "payloadType":
 			dup |= seen & (1 << 1)
 			seen |= 1 << 1
@@ -689,7 +537,7 @@ func checkGrantChangedV1Envelope(s *scanner, at *loc) {
 		case "signatures":
 			dup |= seen & (1 << 2)
 			seen |= 1 << 2
-			checkGrantChangedV1EnvelopeSignatures(s, &loc{up: at, name: "signatures"})
+			checkCredentialRotatedV1EnvelopeSignatures(s, &loc{up: at, name: "signatures"})
 		default:
 			extra = s.extra(extra, k)
 			s.skip()
@@ -716,7 +564,7 @@ func checkGrantChangedV1Envelope(s *scanner, at *loc) {
 		s.depth--
 		if last[0] != 0 {
 			s.pos = last[0]
-			checkGrantChangedV1EnvelopePayload(s, &loc{up: at, name: "payload"})
+			checkCredentialRotatedV1EnvelopePayload(s, &loc{up: at, name: "payload"})
 		}
 		if last[1] != 0 {
 			s.pos = last[1]
@@ -724,7 +572,7 @@ func checkGrantChangedV1Envelope(s *scanner, at *loc) {
 		}
 		if last[2] != 0 {
 			s.pos = last[2]
-			checkGrantChangedV1EnvelopeSignatures(s, &loc{up: at, name: "signatures"})
+			checkCredentialRotatedV1EnvelopeSignatures(s, &loc{up: at, name: "signatures"})
 		}
 		s.pos = end
 	}
@@ -746,7 +594,7 @@ func checkGrantChangedV1Envelope(s *scanner, at *loc) {
 	}
 }
 
-// checkGrantChangedV1Generation checks /generation of grant.changed.v1.
+// checkGrantChangedV1Generation checks /generation of grant.changed.v1, and any value whose schema is the same.
 func checkGrantChangedV1Generation(s *scanner, at *loc) {
 	if t := s.peek(); t != typeNumber {
 		if t != typeNone {
@@ -767,7 +615,7 @@ func checkGrantChangedV1Generation(s *scanner, at *loc) {
 	}
 }
 
-// checkGrantChangedV1GivenItemFrom checks /given/*/from of grant.changed.v1.
+// checkGrantChangedV1GivenItemFrom checks /given/*/from of grant.changed.v1, and any value whose schema is the same.
 func checkGrantChangedV1GivenItemFrom(s *scanner, at *loc) {
 	if t := s.peek(); t != typeString {
 		if t != typeNone {
@@ -788,28 +636,7 @@ func checkGrantChangedV1GivenItemFrom(s *scanner, at *loc) {
 	}
 }
 
-// checkGrantChangedV1GivenItemNode checks /given/*/node of grant.changed.v1.
-func checkGrantChangedV1GivenItemNode(s *scanner, at *loc) {
-	if t := s.peek(); t != typeString {
-		if t != typeNone {
-			s.wrongType(at, t, "string")
-		}
-		return
-	}
-	v := s.str()
-	if s.bad {
-		return
-	}
-	n := utf8.RuneCount(v)
-	if n < 1 {
-		s.problem(at, "is shorter than 1 characters")
-	}
-	if n > 256 {
-		s.problem(at, "is longer than 256 characters")
-	}
-}
-
-// checkGrantChangedV1GivenItemSecret checks /given/*/secret of grant.changed.v1.
+// checkGrantChangedV1GivenItemSecret checks /given/*/secret of grant.changed.v1, and any value whose schema is the same.
 func checkGrantChangedV1GivenItemSecret(s *scanner, at *loc) {
 	if t := s.peek(); t != typeString {
 		if t != typeNone {
@@ -827,28 +654,7 @@ func checkGrantChangedV1GivenItemSecret(s *scanner, at *loc) {
 	}
 }
 
-// checkGrantChangedV1GivenItemValuesName checks /given/*/values/name of grant.changed.v1.
-func checkGrantChangedV1GivenItemValuesName(s *scanner, at *loc) {
-	if t := s.peek(); t != typeString {
-		if t != typeNone {
-			s.wrongType(at, t, "string")
-		}
-		return
-	}
-	v := s.str()
-	if s.bad {
-		return
-	}
-	n := utf8.RuneCount(v)
-	if n < 1 {
-		s.problem(at, "is shorter than 1 characters")
-	}
-	if n > 256 {
-		s.problem(at, "is longer than 256 characters")
-	}
-}
-
-// checkGrantChangedV1GivenItemValues checks /given/*/values of grant.changed.v1.
+// checkGrantChangedV1GivenItemValues checks /given/*/values of grant.changed.v1, and any value whose schema is the same.
 func checkGrantChangedV1GivenItemValues(s *scanner, at *loc) {
 	if t := s.peek(); t != typeObject {
 		if t != typeNone {
@@ -865,7 +671,7 @@ func checkGrantChangedV1GivenItemValues(s *scanner, at *loc) {
 		case "name":
 			dup |= seen & (1 << 0)
 			seen |= 1 << 0
-			checkGrantChangedV1GivenItemValuesName(s, &loc{up: at, name: "name"})
+			checkGrantChangedV1GivenItemFrom(s, &loc{up: at, name: "name"})
 		default:
 			extra = s.extra(extra, k)
 			s.skip()
@@ -888,7 +694,7 @@ func checkGrantChangedV1GivenItemValues(s *scanner, at *loc) {
 		s.depth--
 		if last[0] != 0 {
 			s.pos = last[0]
-			checkGrantChangedV1GivenItemValuesName(s, &loc{up: at, name: "name"})
+			checkGrantChangedV1GivenItemFrom(s, &loc{up: at, name: "name"})
 		}
 		s.pos = end
 	}
@@ -904,7 +710,7 @@ func checkGrantChangedV1GivenItemValues(s *scanner, at *loc) {
 	}
 }
 
-// checkGrantChangedV1GivenItem checks /given/* of grant.changed.v1.
+// checkGrantChangedV1GivenItem checks /given/* of grant.changed.v1, and any value whose schema is the same.
 func checkGrantChangedV1GivenItem(s *scanner, at *loc) {
 	if t := s.peek(); t != typeObject {
 		if t != typeNone {
@@ -925,7 +731,7 @@ func checkGrantChangedV1GivenItem(s *scanner, at *loc) {
 		case "node":
 			dup |= seen & (1 << 1)
 			seen |= 1 << 1
-			checkGrantChangedV1GivenItemNode(s, &loc{up: at, name: "node"})
+			checkGrantChangedV1GivenItemFrom(s, &loc{up: at, name: "node"})
 		case "secret":
 			dup |= seen & (1 << 2)
 			seen |= 1 << 2
@@ -966,7 +772,7 @@ func checkGrantChangedV1GivenItem(s *scanner, at *loc) {
 		}
 		if last[1] != 0 {
 			s.pos = last[1]
-			checkGrantChangedV1GivenItemNode(s, &loc{up: at, name: "node"})
+			checkGrantChangedV1GivenItemFrom(s, &loc{up: at, name: "node"})
 		}
 		if last[2] != 0 {
 			s.pos = last[2]
@@ -999,7 +805,7 @@ func checkGrantChangedV1GivenItem(s *scanner, at *loc) {
 	}
 }
 
-// checkGrantChangedV1Given checks /given of grant.changed.v1.
+// checkGrantChangedV1Given checks /given of grant.changed.v1, and any value whose schema is the same.
 func checkGrantChangedV1Given(s *scanner, at *loc) {
 	if t := s.peek(); t != typeArray {
 		if t != typeNone {
@@ -1022,7 +828,7 @@ func checkGrantChangedV1Given(s *scanner, at *loc) {
 	}
 }
 
-// checkGrantChangedV1Machine checks /machine of grant.changed.v1.
+// checkGrantChangedV1Machine checks /machine of grant.changed.v1, and any value whose schema is the same.
 func checkGrantChangedV1Machine(s *scanner, at *loc) {
 	if t := s.peek(); t != typeString {
 		if t != typeNone {
@@ -1040,10 +846,15 @@ func checkGrantChangedV1Machine(s *scanner, at *loc) {
 	}
 }
 
-// checkGrantChangedV1Requirement checks /requirement of grant.changed.v1.
+// checkGrantChangedV1Requirement checks /requirement of grant.changed.v1, and any value whose schema is the same.
 func checkGrantChangedV1Requirement(s *scanner, at *loc) {
 	if s.peek() == typeString {
-		if v := s.str(); s.bad || string(v) == "postgres" {
+		v := s.str()
+		if s.bad {
+			return
+		}
+		s.keep("requirement", v)
+		if string(v) == "postgres" {
 			return
 		}
 	} else if s.skip(); s.bad {
@@ -1052,7 +863,7 @@ func checkGrantChangedV1Requirement(s *scanner, at *loc) {
 	s.problem(at, "value must be 'postgres'")
 }
 
-// checkGrantChangedV1 checks / of grant.changed.v1.
+// checkGrantChangedV1 checks / of grant.changed.v1, and any value whose schema is the same.
 func checkGrantChangedV1(s *scanner, at *loc) {
 	if t := s.peek(); t != typeObject {
 		if t != typeNone {
@@ -1157,7 +968,7 @@ func checkGrantChangedV1(s *scanner, at *loc) {
 	}
 }
 
-// checkHostfloorPublishedV1Deployment checks /deployment of hostfloor.published.v1.
+// checkHostfloorPublishedV1Deployment checks /deployment of hostfloor.published.v1, and any value whose schema is the same.
 func checkHostfloorPublishedV1Deployment(s *scanner, at *loc) {
 	if t := s.peek(); t != typeString {
 		if t != typeNone {
@@ -1175,7 +986,7 @@ func checkHostfloorPublishedV1Deployment(s *scanner, at *loc) {
 	}
 }
 
-// checkHostfloorPublishedV1EnvelopePayload checks /envelope/payload of hostfloor.published.v1.
+// checkHostfloorPublishedV1EnvelopePayload checks /envelope/payload of hostfloor.published.v1, and any value whose schema is the same.
 func checkHostfloorPublishedV1EnvelopePayload(s *scanner, at *loc) {
 	if t := s.peek(); t != typeString {
 		if t != typeNone {
@@ -1196,7 +1007,7 @@ func checkHostfloorPublishedV1EnvelopePayload(s *scanner, at *loc) {
 	}
 }
 
-// checkHostfloorPublishedV1EnvelopePayloadType checks /envelope/payloadType of hostfloor.published.v1.
+// checkHostfloorPublishedV1EnvelopePayloadType checks /envelope/payloadType of hostfloor.published.v1, and any value whose schema is the same.
 func checkHostfloorPublishedV1EnvelopePayloadType(s *scanner, at *loc) {
 	if t := s.peek(); t != typeString {
 		if t != typeNone {
@@ -1214,138 +1025,7 @@ func checkHostfloorPublishedV1EnvelopePayloadType(s *scanner, at *loc) {
 	}
 }
 
-// checkHostfloorPublishedV1EnvelopeSignaturesItemKeyid checks /envelope/signatures/*/keyid of hostfloor.published.v1.
-func checkHostfloorPublishedV1EnvelopeSignaturesItemKeyid(s *scanner, at *loc) {
-	if t := s.peek(); t != typeString {
-		if t != typeNone {
-			s.wrongType(at, t, "string")
-		}
-		return
-	}
-	v := s.str()
-	if s.bad {
-		return
-	}
-	n := utf8.RuneCount(v)
-	if n > 256 {
-		s.problem(at, "is longer than 256 characters")
-	}
-}
-
-// checkHostfloorPublishedV1EnvelopeSignaturesItemSig checks /envelope/signatures/*/sig of hostfloor.published.v1.
-func checkHostfloorPublishedV1EnvelopeSignaturesItemSig(s *scanner, at *loc) {
-	if t := s.peek(); t != typeString {
-		if t != typeNone {
-			s.wrongType(at, t, "string")
-		}
-		return
-	}
-	v := s.str()
-	if s.bad {
-		return
-	}
-	n := utf8.RuneCount(v)
-	if n < 1 {
-		s.problem(at, "is shorter than 1 characters")
-	}
-	if n > 4096 {
-		s.problem(at, "is longer than 4096 characters")
-	}
-}
-
-// checkHostfloorPublishedV1EnvelopeSignaturesItem checks /envelope/signatures/* of hostfloor.published.v1.
-func checkHostfloorPublishedV1EnvelopeSignaturesItem(s *scanner, at *loc) {
-	if t := s.peek(); t != typeObject {
-		if t != typeNone {
-			s.wrongType(at, t, "object")
-		}
-		return
-	}
-	start, before, got := s.pos, len(s.problems), s.got
-	var seen, dup uint64
-	var extra []string
-	s.enter()
-	for more := s.first('}'); more && !s.bad; more = s.next('}') {
-		switch k := s.key(); string(k) {
-		case "keyid":
-			dup |= seen & (1 << 0)
-			seen |= 1 << 0
-			checkHostfloorPublishedV1EnvelopeSignaturesItemKeyid(s, &loc{up: at, name: "keyid"})
-		case "sig":
-			dup |= seen & (1 << 1)
-			seen |= 1 << 1
-			checkHostfloorPublishedV1EnvelopeSignaturesItemSig(s, &loc{up: at, name: "sig"})
-		default:
-			extra = s.extra(extra, k)
-			s.skip()
-		}
-	}
-	s.depth--
-	if dup != 0 && !s.bad {
-		end := s.pos
-		s.problems, s.got = s.problems[:before], got
-		var last [2]int
-		s.pos = start
-		s.enter()
-		for more := s.first('}'); more && !s.bad; more = s.next('}') {
-			switch string(s.key()) {
-			case "keyid":
-				last[0] = s.pos
-			case "sig":
-				last[1] = s.pos
-			}
-			s.skip()
-		}
-		s.depth--
-		if last[0] != 0 {
-			s.pos = last[0]
-			checkHostfloorPublishedV1EnvelopeSignaturesItemKeyid(s, &loc{up: at, name: "keyid"})
-		}
-		if last[1] != 0 {
-			s.pos = last[1]
-			checkHostfloorPublishedV1EnvelopeSignaturesItemSig(s, &loc{up: at, name: "sig"})
-		}
-		s.pos = end
-	}
-	var missing []string
-	if seen&(1<<1) == 0 {
-		missing = append(missing, "sig")
-	}
-	if missing != nil {
-		s.problem(at, missingRule(missing))
-	}
-	if extra != nil {
-		s.problem(at, extraRule(extra))
-	}
-}
-
-// checkHostfloorPublishedV1EnvelopeSignatures checks /envelope/signatures of hostfloor.published.v1.
-func checkHostfloorPublishedV1EnvelopeSignatures(s *scanner, at *loc) {
-	if t := s.peek(); t != typeArray {
-		if t != typeNone {
-			s.wrongType(at, t, "array")
-		}
-		return
-	}
-	n := 0
-	s.enter()
-	for more := s.first(']'); more && !s.bad; more = s.next(']') {
-		checkHostfloorPublishedV1EnvelopeSignaturesItem(s, &loc{up: at, index: n})
-		n++
-	}
-	s.depth--
-	if s.bad {
-		return
-	}
-	if n < 1 {
-		s.problem(at, itemsRule("minItems", n, 1))
-	}
-	if n > 8 {
-		s.problem(at, itemsRule("maxItems", n, 8))
-	}
-}
-
-// checkHostfloorPublishedV1Envelope checks /envelope of hostfloor.published.v1.
+// checkHostfloorPublishedV1Envelope checks /envelope of hostfloor.published.v1, and any value whose schema is the same.
 func checkHostfloorPublishedV1Envelope(s *scanner, at *loc) {
 	if t := s.peek(); t != typeObject {
 		if t != typeNone {
@@ -1370,7 +1050,7 @@ func checkHostfloorPublishedV1Envelope(s *scanner, at *loc) {
 		case "signatures":
 			dup |= seen & (1 << 2)
 			seen |= 1 << 2
-			checkHostfloorPublishedV1EnvelopeSignatures(s, &loc{up: at, name: "signatures"})
+			checkCredentialRotatedV1EnvelopeSignatures(s, &loc{up: at, name: "signatures"})
 		default:
 			extra = s.extra(extra, k)
 			s.skip()
@@ -1405,7 +1085,7 @@ func checkHostfloorPublishedV1Envelope(s *scanner, at *loc) {
 		}
 		if last[2] != 0 {
 			s.pos = last[2]
-			checkHostfloorPublishedV1EnvelopeSignatures(s, &loc{up: at, name: "signatures"})
+			checkCredentialRotatedV1EnvelopeSignatures(s, &loc{up: at, name: "signatures"})
 		}
 		s.pos = end
 	}
@@ -1427,7 +1107,7 @@ func checkHostfloorPublishedV1Envelope(s *scanner, at *loc) {
 	}
 }
 
-// checkHostfloorPublishedV1 checks / of hostfloor.published.v1.
+// checkHostfloorPublishedV1 checks / of hostfloor.published.v1, and any value whose schema is the same.
 func checkHostfloorPublishedV1(s *scanner, at *loc) {
 	if t := s.peek(); t != typeObject {
 		if t != typeNone {
@@ -1496,7 +1176,7 @@ func checkHostfloorPublishedV1(s *scanner, at *loc) {
 	}
 }
 
-// checkInvitationWrittenV1Box checks /box of invitation.written.v1.
+// checkInvitationWrittenV1Box checks /box of invitation.written.v1, and any value whose schema is the same.
 func checkInvitationWrittenV1Box(s *scanner, at *loc) {
 	if t := s.peek(); t != typeString {
 		if t != typeNone {
@@ -1514,28 +1194,7 @@ func checkInvitationWrittenV1Box(s *scanner, at *loc) {
 	}
 }
 
-// checkInvitationWrittenV1EnvelopePayload checks /envelope/payload of invitation.written.v1.
-func checkInvitationWrittenV1EnvelopePayload(s *scanner, at *loc) {
-	if t := s.peek(); t != typeString {
-		if t != typeNone {
-			s.wrongType(at, t, "string")
-		}
-		return
-	}
-	v := s.str()
-	if s.bad {
-		return
-	}
-	n := utf8.RuneCount(v)
-	if n < 1 {
-		s.problem(at, "is shorter than 1 characters")
-	}
-	if n > 65536 {
-		s.problem(at, "is longer than 65536 characters")
-	}
-}
-
-// checkInvitationWrittenV1EnvelopePayloadType checks /envelope/payloadType of invitation.written.v1.
+// checkInvitationWrittenV1EnvelopePayloadType checks /envelope/payloadType of invitation.written.v1, and any value whose schema is the same.
 func checkInvitationWrittenV1EnvelopePayloadType(s *scanner, at *loc) {
 	if t := s.peek(); t != typeString {
 		if t != typeNone {
@@ -1553,138 +1212,7 @@ func checkInvitationWrittenV1EnvelopePayloadType(s *scanner, at *loc) {
 	}
 }
 
-// checkInvitationWrittenV1EnvelopeSignaturesItemKeyid checks /envelope/signatures/*/keyid of invitation.written.v1.
-func checkInvitationWrittenV1EnvelopeSignaturesItemKeyid(s *scanner, at *loc) {
-	if t := s.peek(); t != typeString {
-		if t != typeNone {
-			s.wrongType(at, t, "string")
-		}
-		return
-	}
-	v := s.str()
-	if s.bad {
-		return
-	}
-	n := utf8.RuneCount(v)
-	if n > 256 {
-		s.problem(at, "is longer than 256 characters")
-	}
-}
-
-// checkInvitationWrittenV1EnvelopeSignaturesItemSig checks /envelope/signatures/*/sig of invitation.written.v1.
-func checkInvitationWrittenV1EnvelopeSignaturesItemSig(s *scanner, at *loc) {
-	if t := s.peek(); t != typeString {
-		if t != typeNone {
-			s.wrongType(at, t, "string")
-		}
-		return
-	}
-	v := s.str()
-	if s.bad {
-		return
-	}
-	n := utf8.RuneCount(v)
-	if n < 1 {
-		s.problem(at, "is shorter than 1 characters")
-	}
-	if n > 4096 {
-		s.problem(at, "is longer than 4096 characters")
-	}
-}
-
-// checkInvitationWrittenV1EnvelopeSignaturesItem checks /envelope/signatures/* of invitation.written.v1.
-func checkInvitationWrittenV1EnvelopeSignaturesItem(s *scanner, at *loc) {
-	if t := s.peek(); t != typeObject {
-		if t != typeNone {
-			s.wrongType(at, t, "object")
-		}
-		return
-	}
-	start, before, got := s.pos, len(s.problems), s.got
-	var seen, dup uint64
-	var extra []string
-	s.enter()
-	for more := s.first('}'); more && !s.bad; more = s.next('}') {
-		switch k := s.key(); string(k) {
-		case "keyid":
-			dup |= seen & (1 << 0)
-			seen |= 1 << 0
-			checkInvitationWrittenV1EnvelopeSignaturesItemKeyid(s, &loc{up: at, name: "keyid"})
-		case "sig":
-			dup |= seen & (1 << 1)
-			seen |= 1 << 1
-			checkInvitationWrittenV1EnvelopeSignaturesItemSig(s, &loc{up: at, name: "sig"})
-		default:
-			extra = s.extra(extra, k)
-			s.skip()
-		}
-	}
-	s.depth--
-	if dup != 0 && !s.bad {
-		end := s.pos
-		s.problems, s.got = s.problems[:before], got
-		var last [2]int
-		s.pos = start
-		s.enter()
-		for more := s.first('}'); more && !s.bad; more = s.next('}') {
-			switch string(s.key()) {
-			case "keyid":
-				last[0] = s.pos
-			case "sig":
-				last[1] = s.pos
-			}
-			s.skip()
-		}
-		s.depth--
-		if last[0] != 0 {
-			s.pos = last[0]
-			checkInvitationWrittenV1EnvelopeSignaturesItemKeyid(s, &loc{up: at, name: "keyid"})
-		}
-		if last[1] != 0 {
-			s.pos = last[1]
-			checkInvitationWrittenV1EnvelopeSignaturesItemSig(s, &loc{up: at, name: "sig"})
-		}
-		s.pos = end
-	}
-	var missing []string
-	if seen&(1<<1) == 0 {
-		missing = append(missing, "sig")
-	}
-	if missing != nil {
-		s.problem(at, missingRule(missing))
-	}
-	if extra != nil {
-		s.problem(at, extraRule(extra))
-	}
-}
-
-// checkInvitationWrittenV1EnvelopeSignatures checks /envelope/signatures of invitation.written.v1.
-func checkInvitationWrittenV1EnvelopeSignatures(s *scanner, at *loc) {
-	if t := s.peek(); t != typeArray {
-		if t != typeNone {
-			s.wrongType(at, t, "array")
-		}
-		return
-	}
-	n := 0
-	s.enter()
-	for more := s.first(']'); more && !s.bad; more = s.next(']') {
-		checkInvitationWrittenV1EnvelopeSignaturesItem(s, &loc{up: at, index: n})
-		n++
-	}
-	s.depth--
-	if s.bad {
-		return
-	}
-	if n < 1 {
-		s.problem(at, itemsRule("minItems", n, 1))
-	}
-	if n > 8 {
-		s.problem(at, itemsRule("maxItems", n, 8))
-	}
-}
-
-// checkInvitationWrittenV1Envelope checks /envelope of invitation.written.v1.
+// checkInvitationWrittenV1Envelope checks /envelope of invitation.written.v1, and any value whose schema is the same.
 func checkInvitationWrittenV1Envelope(s *scanner, at *loc) {
 	if t := s.peek(); t != typeObject {
 		if t != typeNone {
@@ -1701,7 +1229,7 @@ func checkInvitationWrittenV1Envelope(s *scanner, at *loc) {
 		case "payload":
 			dup |= seen & (1 << 0)
 			seen |= 1 << 0
-			checkInvitationWrittenV1EnvelopePayload(s, &loc{up: at, name: "payload"})
+			checkHostfloorPublishedV1EnvelopePayload(s, &loc{up: at, name: "payload"})
 		case "payloadType":
 			dup |= seen & (1 << 1)
 			seen |= 1 << 1
@@ -1709,7 +1237,7 @@ func checkInvitationWrittenV1Envelope(s *scanner, at *loc) {
 		case "signatures":
 			dup |= seen & (1 << 2)
 			seen |= 1 << 2
-			checkInvitationWrittenV1EnvelopeSignatures(s, &loc{up: at, name: "signatures"})
+			checkCredentialRotatedV1EnvelopeSignatures(s, &loc{up: at, name: "signatures"})
 		default:
 			extra = s.extra(extra, k)
 			s.skip()
@@ -1736,7 +1264,7 @@ func checkInvitationWrittenV1Envelope(s *scanner, at *loc) {
 		s.depth--
 		if last[0] != 0 {
 			s.pos = last[0]
-			checkInvitationWrittenV1EnvelopePayload(s, &loc{up: at, name: "payload"})
+			checkHostfloorPublishedV1EnvelopePayload(s, &loc{up: at, name: "payload"})
 		}
 		if last[1] != 0 {
 			s.pos = last[1]
@@ -1744,7 +1272,7 @@ func checkInvitationWrittenV1Envelope(s *scanner, at *loc) {
 		}
 		if last[2] != 0 {
 			s.pos = last[2]
-			checkInvitationWrittenV1EnvelopeSignatures(s, &loc{up: at, name: "signatures"})
+			checkCredentialRotatedV1EnvelopeSignatures(s, &loc{up: at, name: "signatures"})
 		}
 		s.pos = end
 	}
@@ -1766,7 +1294,7 @@ func checkInvitationWrittenV1Envelope(s *scanner, at *loc) {
 	}
 }
 
-// checkInvitationWrittenV1 checks / of invitation.written.v1.
+// checkInvitationWrittenV1 checks / of invitation.written.v1, and any value whose schema is the same.
 func checkInvitationWrittenV1(s *scanner, at *loc) {
 	if t := s.peek(); t != typeObject {
 		if t != typeNone {
@@ -1835,7 +1363,7 @@ func checkInvitationWrittenV1(s *scanner, at *loc) {
 	}
 }
 
-// checkReleasePublishedV1ManifestDigest checks /manifestDigest of release.published.v1.
+// checkReleasePublishedV1ManifestDigest checks /manifestDigest of release.published.v1, and any value whose schema is the same.
 func checkReleasePublishedV1ManifestDigest(s *scanner, at *loc) {
 	if t := s.peek(); t != typeString {
 		if t != typeNone {
@@ -1853,7 +1381,7 @@ func checkReleasePublishedV1ManifestDigest(s *scanner, at *loc) {
 	}
 }
 
-// checkReleasePublishedV1Version checks /version of release.published.v1.
+// checkReleasePublishedV1Version checks /version of release.published.v1, and any value whose schema is the same.
 func checkReleasePublishedV1Version(s *scanner, at *loc) {
 	if t := s.peek(); t != typeString {
 		if t != typeNone {
@@ -1875,7 +1403,7 @@ func checkReleasePublishedV1Version(s *scanner, at *loc) {
 	}
 }
 
-// checkReleasePublishedV1 checks / of release.published.v1.
+// checkReleasePublishedV1 checks / of release.published.v1, and any value whose schema is the same.
 func checkReleasePublishedV1(s *scanner, at *loc) {
 	if t := s.peek(); t != typeObject {
 		if t != typeNone {

@@ -50,7 +50,7 @@ func Generate(fsys fs.FS) ([]byte, error) {
 		return nil, err
 	}
 	sort.Strings(names)
-	g := &generator{patterns: map[string]string{}}
+	g := &generator{patterns: map[string]string{}, done: map[string]string{}}
 	type root struct{ typ, fn string }
 	var roots []root
 	for _, name := range names {
@@ -109,6 +109,7 @@ type generator struct {
 	vars     []string
 	funcs    []string
 	patterns map[string]string // expression -> variable
+	done     map[string]string // key property and schema -> function
 }
 
 // ident turns "credential.rotated.v1" or "clientId" into a Go identifier
@@ -160,9 +161,19 @@ func (g *generator) node(doc map[string]any, name, ptr string, root bool, keyPro
 	if s, ok := doc["$schema"]; ok && s != "https://json-schema.org/draft/2020-12/schema" {
 		return "", fmt.Errorf("%s: only draft 2020-12 is supported, got %v", name, s)
 	}
+	// A schema met before (the DSSE envelope's signatures recur in four
+	// files) is checked by the same function.
+	canon, err := json.Marshal(doc)
+	if err != nil {
+		return "", err
+	}
+	seen := fmt.Sprintf("%t\x00%s\x00%s", root, keyProp, canon)
+	if fn, ok := g.done[seen]; ok {
+		return fn, nil
+	}
 	fn := "check" + name
+	g.done[seen] = fn
 	var body string
-	var err error
 	switch typ {
 	case "object":
 		body, err = g.object(doc, name, ptr, root)
@@ -173,7 +184,7 @@ func (g *generator) node(doc map[string]any, name, ptr string, root bool, keyPro
 	case "integer":
 		body, err = g.integer(doc, name)
 	default:
-		body, err = g.anyConst(doc, name)
+		body, err = g.anyConst(doc, name, keyProp)
 	}
 	if err != nil {
 		return "", err
@@ -182,7 +193,7 @@ func (g *generator) node(doc map[string]any, name, ptr string, root bool, keyPro
 	if where == "" {
 		where = "/"
 	}
-	g.funcs = append(g.funcs, fmt.Sprintf("// %s checks %s of %s.\nfunc %s(s *scanner, at *loc) {\n%s}\n", fn, where, strings.TrimSuffix(g.file, ".json"), fn, body))
+	g.funcs = append(g.funcs, fmt.Sprintf("// %s checks %s of %s, and any value whose schema is the same.\nfunc %s(s *scanner, at *loc) {\n%s}\n", fn, where, strings.TrimSuffix(g.file, ".json"), fn, body))
 	return fn, nil
 }
 
@@ -416,7 +427,7 @@ func (g *generator) string(doc map[string]any, name, ptr, keyProp string) (strin
 		if !ok {
 			v = fmt.Sprintf("pattern%d", len(g.patterns)+1)
 			g.patterns[ps] = v
-			g.vars = append(g.vars, fmt.Sprintf("// %s is the pattern of %s in %s, among others.\nvar %s = compilePattern(%q)\n", v, ptr, strings.TrimSuffix(g.file, ".json"), v, ps))
+			g.vars = append(g.vars, fmt.Sprintf("// %s is the pattern of %s in %s, and of any other with the same expression.\nvar %s = compilePattern(%q)\n", v, ptr, strings.TrimSuffix(g.file, ".json"), v, ps))
 		}
 		fmt.Fprintf(&b, "if !%s.match(v) {\ns.problem(at, %q)\n}\n", v, "does not match pattern "+strconv.Quote(ps))
 	}
@@ -443,7 +454,7 @@ func (g *generator) integer(doc map[string]any, name string) (string, error) {
 }
 
 // anyConst is a const with no type: any value but the one is refused.
-func (g *generator) anyConst(doc map[string]any, name string) (string, error) {
+func (g *generator) anyConst(doc map[string]any, name, keyProp string) (string, error) {
 	c, ok := doc["const"]
 	if !ok {
 		return "", fmt.Errorf("%s: a schema with no type must have a const", name)
@@ -452,15 +463,23 @@ func (g *generator) anyConst(doc map[string]any, name string) (string, error) {
 	if !ok {
 		return "", fmt.Errorf("%s: only a string const is supported", name)
 	}
+	keep := ""
+	if keyProp != "" {
+		keep = fmt.Sprintf("s.keep(%q, v)\n", keyProp)
+	}
 	return fmt.Sprintf(`if s.peek() == typeString {
-	if v := s.str(); s.bad || string(v) == %q {
+	v := s.str()
+	if s.bad {
+		return
+	}
+	%sif string(v) == %q {
 		return
 	}
 } else if s.skip(); s.bad {
 	return
 }
 s.problem(at, %q)
-`, cs, "value must be "+quote(cs)), nil
+`, keep, cs, "value must be "+quote(cs)), nil
 }
 
 // quote is the library's quoting of a schema's value in its messages.
