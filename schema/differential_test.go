@@ -128,3 +128,16 @@ func sameFields(t *testing.T, typ string, data []byte) {
 		}
 	}
 }
+
+// BenchmarkRepeatedHugeExponents: math/big takes some 24 ms over
+// 1e999999, and a name may be repeated thousands of times in 256 KiB; the
+// validator must not do that arithmetic once per repetition.
+func BenchmarkRepeatedHugeExponents(b *testing.B) {
+	data := []byte(`{"hive":"h","clientId":"c","secret":"-----BEGIN AGE ENCRYPTED FILE-----"` + strings.Repeat(`,"version":1e999999`, 10000) + `}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if Validate("dev.steward.credential.rotated.v1", data) != nil {
+			b.Fatal("refused")
+		}
+	}
+}

@@ -445,8 +445,10 @@ func (g *generator) integer(doc map[string]any, name string) (string, error) {
 			return "", fmt.Errorf("%s: minimum is not a number", name)
 		}
 		r, ok := new(big.Rat).SetString(num.String())
-		if !ok || !r.IsInt() || !r.Num().IsInt64() {
-			return "", fmt.Errorf("%s: only an integer minimum that fits 64 bits is supported, got %v", name, num)
+		// below (schema/number.go) compares without big arithmetic up
+		// to this bound.
+		if !ok || !r.IsInt() || r.Num().CmpAbs(big.NewInt(1e17)) > 0 {
+			return "", fmt.Errorf("%s: only an integer minimum of at most 1e17 in size is supported, got %v", name, num)
 		}
 		fmt.Fprintf(&b, "if below(v, %d) {\ns.problem(at, %q)\n}\n", r.Num().Int64(), "is below the minimum "+r.RatString())
 	}
