@@ -3,6 +3,7 @@ package schema
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -138,6 +139,24 @@ func BenchmarkRepeatedHugeExponents(b *testing.B) {
 	for b.Loop() {
 		if Validate("dev.steward.credential.rotated.v1", data) != nil {
 			b.Fatal("refused")
+		}
+	}
+}
+
+// BenchmarkManyUnknownNames: a closed object refusing tens of thousands
+// of distinct names must not compare each with every other.
+func BenchmarkManyUnknownNames(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString(`{"version":"1.0.0"`)
+	for i := range 20000 {
+		fmt.Fprintf(&sb, `,"n%d":0`, i)
+	}
+	sb.WriteString("}")
+	data := []byte(sb.String())
+	b.ReportAllocs()
+	for b.Loop() {
+		if Validate("dev.steward.release.published.v1", data) == nil {
+			b.Fatal("accepted")
 		}
 	}
 }
