@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"golang.org/x/text/language"
 	"golang.org/x/text/message"
@@ -95,34 +94,4 @@ func names(list []string) string {
 		out = append(out, fmt.Sprintf("%d whose names are withheld (not field names)", withheld))
 	}
 	return strings.Join(out, ", ")
-}
-
-// extra adds an unknown property name to the list a closed object
-// refuses; extraRule drops the repeats (here, looking for one would cost
-// the square of the names).
-func (s *scanner) extra(list []string, k []byte) []string {
-	return append(list, decoded(k))
-}
-
-// decoded is a name as encoding/json decodes it, each byte of bad UTF-8
-// a U+FFFD: two names that differ only there are one name to the oracle.
-func decoded(k []byte) string {
-	if utf8.Valid(k) {
-		return string(k)
-	}
-	var b strings.Builder
-	for len(k) > 0 {
-		r, size := utf8.DecodeRune(k)
-		b.WriteRune(r)
-		k = k[size:]
-	}
-	return b.String()
-}
-
-// keep holds a top-level field's string value when it is the one asked
-// for.
-func (s *scanner) keep(field string, v []byte) {
-	if s.want == field {
-		s.got = decoded(v)
-	}
 }

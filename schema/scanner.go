@@ -1,7 +1,6 @@
 package schema
 
 import (
-	"strconv"
 	"strings"
 	"sync"
 	"unicode"
@@ -394,32 +393,32 @@ func hex4(d []byte, i int) rune {
 	return r
 }
 
-// loc is where a value sits in the data, a JSON pointer built only when a
-// problem is found: each level of a generated validator keeps its token
-// on the stack.
-type loc struct {
-	up    *loc
-	name  string
-	index int // an array index when name is ""
-	root  bool
+// extra adds an unknown property name to the list a closed object
+// refuses; extraRule drops the repeats (here, looking for one would cost
+// the square of the names).
+func (s *scanner) extra(list []string, k []byte) []string {
+	return append(list, decoded(k))
 }
 
-func (l *loc) String() string {
-	if l.root {
-		return "/"
+// decoded is a name as encoding/json decodes it, each byte of bad UTF-8
+// a U+FFFD: two names that differ only there are one name to the oracle.
+func decoded(k []byte) string {
+	if utf8.Valid(k) {
+		return string(k)
 	}
-	var tokens []string
-	for p := l; p != nil && !p.root; p = p.up {
-		if p.name != "" {
-			// A copy, so that no loc escapes to the heap.
-			tokens = append(tokens, name(strings.Clone(p.name)))
-		} else {
-			tokens = append(tokens, strconv.Itoa(p.index))
-		}
+	var b strings.Builder
+	for len(k) > 0 {
+		r, size := utf8.DecodeRune(k)
+		b.WriteRune(r)
+		k = k[size:]
 	}
-	out := ""
-	for i := len(tokens) - 1; i >= 0; i-- {
-		out += "/" + tokens[i]
+	return b.String()
+}
+
+// keep holds a top-level field's string value when it is the one asked
+// for.
+func (s *scanner) keep(field string, v []byte) {
+	if s.want == field {
+		s.got = decoded(v)
 	}
-	return out
 }
