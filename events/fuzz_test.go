@@ -33,6 +33,9 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("isKey(%q) is %t, KeyPattern says otherwise", subject, isKey(subject))
 		}
 		e, err := Decode(h, data)
+		if err == nil && plainlyValid(e) && e.Validate() != nil {
+			t.Fatalf("plainlyValid passed attributes sdk-go refuses: %v", e.Validate())
+		}
 		if err != nil || Validate(e) != nil {
 			return
 		}
