@@ -7,8 +7,6 @@ import (
 	"github.com/Masterminds/semver/v3"
 )
 
-var keyPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$`)
-
 // KeyPattern is the rule every key obeys: one NATS subject token that is also
 // a safe file name and SQL-free identifier part.
 const KeyPattern = `^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$`
@@ -16,10 +14,27 @@ const KeyPattern = `^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$`
 // CheckKey refuses anything that is not one plain subject token: dots, '*',
 // '>', spaces, slashes and '..' never reach a subject, a path or SQL.
 func CheckKey(key string) error {
-	if !keyPattern.MatchString(key) {
+	if !isKey(key) {
 		return fmt.Errorf("key %q does not match %s (a letter or digit, then up to 62 letters, digits, '_' or '-')", key, KeyPattern)
 	}
 	return nil
+}
+
+// isKey matches KeyPattern with a loop rather than regexp: every event
+// is checked against it, and the loop costs a tenth of the match.
+// TestIsKeyIsKeyPattern holds the two together.
+func isKey(key string) bool {
+	if len(key) == 0 || len(key) > 63 {
+		return false
+	}
+	for i := 0; i < len(key); i++ {
+		c := key[i]
+		alnum := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
+		if !alnum && (i == 0 || c != '_' && c != '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // versionPattern is strict semver 2.0 without a leading "v": anything a

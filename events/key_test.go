@@ -55,3 +55,12 @@ func FuzzCheckKey(f *testing.F) {
 		}
 	})
 }
+
+func TestIsKeyIsKeyPattern(t *testing.T) {
+	for _, k := range []string{"", "a", "A-b_c", "-a", "_a", "a.b", "a b", "ü", "a\x00", "a\n", "a*", ">",
+		strings.Repeat("a", 63), strings.Repeat("a", 64), "0" + strings.Repeat("-", 62), "a\xff"} {
+		if got, want := isKey(k), keyPattern.MatchString(k); got != want {
+			t.Errorf("%q: loop says %t, KeyPattern %t", k, got, want)
+		}
+	}
+}
