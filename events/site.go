@@ -1,0 +1,199 @@
+package events
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// DefaultHubDomain is the JetStream domain a hub runs in when its
+// operator names none: a site sources from the hub across the leaf link,
+// and a source in another domain is addressed by that domain's name.
+const DefaultHubDomain = "hub"
+
+// domainPattern is what a JetStream domain may be: one subject token, as
+// nats-server builds $JS.<domain>.API from it. It is the key's rule, so a
+// site's name is also a safe file and server name.
+var domainPattern = regexp.MustCompile(KeyPattern)
+
+// Site is one site of a fleet (docs/design.md §9): a NATS leaf node with
+// its own JetStream domain, the keys of the hosts behind it, and the hub
+// domain its events come from.
+type Site struct {
+	// Name is the site's JetStream domain and names its leaf node.
+	Name string
+	// HubDomain is the hub's JetStream domain, where STEWARD_EVENTS is
+	// sourced from.
+	HubDomain string
+	// Boxes, Hives and Machines are the keys whose events the site
+	// receives: join's boxes, credential's hives, provision's machines.
+	Boxes, Hives, Machines []string
+}
+
+// Check refuses a site whose name or hub domain is no single subject token,
+// whose name is its hub's, or whose keys are invalid or repeated.
+func (s Site) Check() error {
+	if !domainPattern.MatchString(s.Name) {
+		return fmt.Errorf("site name %q: want a JetStream domain, matching %s", s.Name, KeyPattern)
+	}
+	if !domainPattern.MatchString(s.HubDomain) {
+		return fmt.Errorf("site %s: hub domain %q: want a JetStream domain, matching %s", s.Name, s.HubDomain, KeyPattern)
+	}
+	if s.Name == s.HubDomain {
+		// Two JetStreams of one name across a leaf link answer each
+		// other's requests; nats-server only guards some forms of it.
+		return fmt.Errorf("site %s: its name is the hub's domain; a site's domain must differ from the hub's", s.Name)
+	}
+	for kind, keys := range map[string][]string{"box": s.Boxes, "hive": s.Hives, "machine": s.Machines} {
+		seen := make(map[string]bool, len(keys))
+		for _, k := range keys {
+			if err := CheckKey(k); err != nil {
+				return fmt.Errorf("site %s: %s: %w", s.Name, kind, err)
+			}
+			if seen[k] {
+				return fmt.Errorf("site %s: %s %s is listed twice", s.Name, kind, k)
+			}
+			seen[k] = true
+		}
+	}
+	return nil
+}
+
+// EventSubjects are the subjects of STEWARD_EVENTS a site receives: every
+// site's (releases, host floors) and those of its own keys, sorted. Each is
+// a literal subject, so no two overlap, and the hub's source consumer
+// filters on exactly these.
+func (s Site) EventSubjects() []string {
+	subjects := []string{
+		EventsPrefix + ".release.published",
+		EventsPrefix + ".hostfloor.published",
+	}
+	for _, k := range s.Boxes {
+		subjects = append(subjects, EventsPrefix+".invitation.written."+k)
+	}
+	for _, k := range s.Hives {
+		subjects = append(subjects, EventsPrefix+".credential.rotated."+k)
+	}
+	for _, k := range s.Machines {
+		subjects = append(subjects, EventsPrefix+".grant.changed."+k)
+	}
+	slices.Sort(subjects)
+	return slices.Compact(subjects)
+}
+
+// SiteLinkDenied are the subjects a site's leaf link carries in neither
+// direction: all of Steward's. Events, outcomes and dead letters cross only
+// as JetStream sourcing (the $JS subjects), so a publish is stored and
+// acknowledged by one stream; stored notices and control messages are each
+// side's own, so the hub's notices never wake a site's reader for an event
+// it does not hold yet.
+func SiteLinkDenied() []string { return []string{"steward.>"} }
+
+// SiteStreamConfigs are a site's three streams, in its own domain, with
+// c's limits. STEWARD_EVENTS has no subjects of its own: it only sources
+// the hub's, filtered to the site's subjects, so a publish to
+// steward.events.> is stored (and acknowledged) at the hub alone, and
+// the stored notices stream-reading workers wake on are republished at
+// the site when an event arrives there. Outcomes and dead letters are
+// written at the site, where its workers are, and sourced by the hub
+// (HubSiteSource).
+func SiteStreamConfigs(c StreamConfig, s Site) []jetstream.StreamConfig {
+	configs := c.StreamConfigs()
+	for i := range configs {
+		sc := &configs[i]
+		if sc.Name != StreamEvents {
+			sc.Description += ", at site " + s.Name
+			continue
+		}
+		transforms := make([]jetstream.SubjectTransformConfig, 0, len(s.EventSubjects()))
+		for _, subj := range s.EventSubjects() {
+			// A transform onto itself is a filter: the source's
+			// consumer takes these subjects and nothing else.
+			transforms = append(transforms, jetstream.SubjectTransformConfig{Source: subj, Destination: subj})
+		}
+		sc.Subjects = nil
+		sc.Sources = []*jetstream.StreamSource{{Name: StreamEvents, Domain: s.HubDomain, SubjectTransforms: transforms}}
+		sc.Description = "Steward state changes for site " + s.Name + ", sourced from the hub"
+	}
+	return configs
+}
+
+// HubSiteSource is the source a hub stream (STEWARD_OUTCOMES or
+// STEWARD_DLQ) takes from the stream of the same name at site.
+func HubSiteSource(stream, site string) *jetstream.StreamSource {
+	return &jetstream.StreamSource{Name: stream, External: &jetstream.ExternalStream{APIPrefix: domainAPIPrefix(site)}}
+}
+
+// domainAPIPrefix is the JetStream API prefix of domain, as nats.go writes
+// a source's Domain into its External on creation: what a stream read back
+// from the server carries.
+func domainAPIPrefix(domain string) string { return "$JS." + domain + ".API" }
+
+// SiteOf returns the site a hub stream's source comes from, when it is one
+// HubSiteSource made.
+func SiteOf(src *jetstream.StreamSource, stream string) (string, bool) {
+	if src == nil || src.Name != stream || src.External == nil {
+		return "", false
+	}
+	site, ok := strings.CutPrefix(src.External.APIPrefix, "$JS.")
+	if !ok {
+		return "", false
+	}
+	site, ok = strings.CutSuffix(site, ".API")
+	return site, ok && domainPattern.MatchString(site)
+}
+
+// SetupSite creates or updates a site's streams and checkpoint bucket in
+// its domain (siteJS), with cfg's limits, and adds the site's outcomes and
+// dead letters to the hub's streams as sources (hubJS). It is the
+// operator's act (`steward site setup`); the hub's own streams must exist
+// (`steward setup` at the hub).
+func SetupSite(ctx context.Context, siteJS, hubJS jetstream.JetStream, cfg BusConfig, s Site) error {
+	if err := s.Check(); err != nil {
+		return err
+	}
+	if err := cfg.Streams.Check(); err != nil {
+		return err
+	}
+	if cfg.CheckpointMaxBytes < 1 || cfg.CheckpointMaxValueSize < 1 {
+		return fmt.Errorf("checkpoint max bytes %d and max value size %d: want both positive", cfg.CheckpointMaxBytes, cfg.CheckpointMaxValueSize)
+	}
+	for _, sc := range SiteStreamConfigs(cfg.Streams, s) {
+		if _, err := siteJS.CreateOrUpdateStream(ctx, sc); err != nil {
+			return fmt.Errorf("site %s: create or update stream %s: %w", s.Name, sc.Name, describeCreateError(err))
+		}
+	}
+	if _, err := siteJS.CreateOrUpdateKeyValue(ctx, cfg.bucketConfig()); err != nil {
+		return fmt.Errorf("site %s: create or update KV bucket %s: %w", s.Name, CheckpointBucket, describeCreateError(err))
+	}
+	for _, name := range []string{StreamOutcomes, StreamDLQ} {
+		if err := addHubSource(ctx, hubJS, name, s.Name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// addHubSource adds the site's stream of the same name to the hub's stream
+// name as a source, keeping every other source and setting.
+func addHubSource(ctx context.Context, hubJS jetstream.JetStream, name, site string) error {
+	st, err := hubJS.Stream(ctx, name)
+	if err != nil {
+		return fmt.Errorf("site %s: the hub's stream %s: %w; create the hub's streams first with `steward setup` at the hub", site, name, err)
+	}
+	cfg := st.CachedInfo().Config
+	for _, src := range cfg.Sources {
+		if got, ok := SiteOf(src, name); ok && got == site {
+			return nil
+		}
+	}
+	cfg.Sources = append(cfg.Sources, HubSiteSource(name, site))
+	if _, err := hubJS.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("site %s: add the site's %s as a source of the hub's: %w", site, name, describeCreateError(err))
+	}
+	return nil
+}
