@@ -153,7 +153,7 @@ Every flag has an environment twin, STEWARD_<FLAG> with '-' as '_'
 	root.AddCommand(
 		newWorkerCmd(g), newPublishCmd(g), newServeCmd(g), newExportCmd(g),
 		newReplayCmd(g), newDLQCmd(g), newStatusCmd(g), newKeysCmd(g),
-		newJoinCmd(g), newDevCmd(g), newBenchCmd(g), newSetupCmd(g), newCredsCmd(g), newTokenCmd(g),
+		newJoinCmd(g), newDevCmd(g), newBenchCmd(g), newSetupCmd(g), newCredsCmd(g), newTokenCmd(g), newSiteCmd(g),
 	)
 	root.AddCommand(newOpsCmds(g)...)
 	return root
