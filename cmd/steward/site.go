@@ -98,6 +98,10 @@ func (c leafConfig) render() []byte {
 	fmt.Fprintf(&b, "}\n")
 	fmt.Fprintf(&b, "\n# The link to the hub carries JetStream's subjects only: events, outcomes and\n# dead letters cross as sourcing, stored and acknowledged by one stream;\n# stored notices and control messages stay on their side.\n")
 	fmt.Fprintf(&b, "leafnodes {\n  reconnect: 1s\n  remotes: [\n    {\n      urls: [%s]\n", q(c.hubURL))
+	// The hub advertises its servers' own leaf addresses; a site that
+	// reaches it through a proxy, a NAT or a tunnel would reconnect around
+	// it. Only the addresses the operator gave are used.
+	fmt.Fprintf(&b, "      ignore_discovered_servers: true\n")
 	if c.leafCreds != "" {
 		fmt.Fprintf(&b, "      credentials: %s\n", q(c.leafCreds))
 	}

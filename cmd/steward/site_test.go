@@ -47,8 +47,8 @@ func TestSiteConfigIsALeafNodeNATSServerReads(t *testing.T) {
 				t.Fatalf("%d remotes, want the hub", len(o.LeafNode.Remotes))
 			}
 			r := o.LeafNode.Remotes[0]
-			if r.URLs[0].String() != "nats-leaf://127.0.0.1:7422" {
-				t.Errorf("remote %v", r.URLs)
+			if r.URLs[0].String() != "nats-leaf://127.0.0.1:7422" || !r.IgnoreDiscoveredServers {
+				t.Errorf("remote %v, ignoring discovered servers %v: want the hub's URL given, and only it", r.URLs, r.IgnoreDiscoveredServers)
 			}
 			if !slices.Equal(r.DenyImports, events.SiteLinkDenied()) || !slices.Equal(r.DenyExports, events.SiteLinkDenied()) {
 				t.Errorf("the link denies imports %v and exports %v, want %v both ways", r.DenyImports, r.DenyExports, events.SiteLinkDenied())
