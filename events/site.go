@@ -20,6 +20,14 @@ const DefaultHubDomain = "hub"
 // site's name is also a safe file and server name.
 var domainPattern = regexp.MustCompile(KeyPattern)
 
+// CheckDomain refuses a JetStream domain that is not one subject token.
+func CheckDomain(domain string) error {
+	if !domainPattern.MatchString(domain) {
+		return fmt.Errorf("JetStream domain %q: want one subject token, matching %s", domain, KeyPattern)
+	}
+	return nil
+}
+
 // Site is one site of a fleet (docs/design.md §9): a NATS leaf node with
 // its own JetStream domain, the keys of the hosts behind it, and the hub
 // domain its events come from.
@@ -37,11 +45,11 @@ type Site struct {
 // Check refuses a site whose name or hub domain is no single subject token,
 // whose name is its hub's, or whose keys are invalid or repeated.
 func (s Site) Check() error {
-	if !domainPattern.MatchString(s.Name) {
-		return fmt.Errorf("site name %q: want a JetStream domain, matching %s", s.Name, KeyPattern)
+	if err := CheckDomain(s.Name); err != nil {
+		return fmt.Errorf("site name: %w", err)
 	}
-	if !domainPattern.MatchString(s.HubDomain) {
-		return fmt.Errorf("site %s: hub domain %q: want a JetStream domain, matching %s", s.Name, s.HubDomain, KeyPattern)
+	if err := CheckDomain(s.HubDomain); err != nil {
+		return fmt.Errorf("site %s: hub domain: %w", s.Name, err)
 	}
 	if s.Name == s.HubDomain {
 		// Two JetStreams of one name across a leaf link answer each
