@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -101,14 +102,47 @@ func (s Site) EventSubjects() []string {
 // it does not hold yet.
 func SiteLinkDenied() []string { return []string{"steward.>"} }
 
+// SiteConsumer is the name of the durable consumer the hub's
+// STEWARD_EVENTS keeps for site: what the site's STEWARD_EVENTS sources
+// through, so the hub holds each site's position (its lag is the
+// consumer's pending count) and a site coming back resets it rather than
+// creating one afresh.
+func SiteConsumer(site string) string { return "site-" + site }
+
+// siteDeliverSubject is where the hub's consumer for site delivers: a
+// subject outside steward.>, which the link does not carry.
+func siteDeliverSubject(site string) string { return "_STEWARD_SITE." + site + ".events" }
+
+// SiteConsumerConfig is the hub's durable consumer for site s: filtered to
+// the site's subjects, from the first event kept, acknowledged by flow
+// control, as nats-server's durable sourcing requires (2.14 or later).
+func SiteConsumerConfig(s Site) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:        SiteConsumer(s.Name),
+		Description:    "the events of site " + s.Name + ", sourced by its leaf node",
+		DeliverSubject: siteDeliverSubject(s.Name),
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		AckPolicy:      jetstream.AckFlowControlPolicy,
+		FlowControl:    true,
+		// nats-server requires the sourcing heartbeat, one second.
+		IdleHeartbeat:  time.Second,
+		MaxAckPending:  siteMaxAckPending,
+		FilterSubjects: s.EventSubjects(),
+	}
+}
+
+// siteMaxAckPending bounds what the hub sends a site ahead of its flow
+// control: a catch-up after a cut streams in windows of this many events.
+const siteMaxAckPending = 10_000
+
 // SiteStreamConfigs are a site's three streams, in its own domain, with
 // c's limits. STEWARD_EVENTS has no subjects of its own: it only sources
-// the hub's, filtered to the site's subjects, so a publish to
-// steward.events.> is stored (and acknowledged) at the hub alone, and
-// the stored notices stream-reading workers wake on are republished at
-// the site when an event arrives there. Outcomes and dead letters are
-// written at the site, where its workers are, and sourced by the hub
-// (HubSiteSource).
+// the hub's, through the hub's consumer for the site (SiteConsumerConfig,
+// filtered to the site's subjects), so a publish to steward.events.> is
+// stored (and acknowledged) at the hub alone, and the stored notices
+// stream-reading workers wake on are republished at the site when an event
+// arrives there. Outcomes and dead letters are written at the site, where
+// its workers are, and sourced by the hub (HubSiteSource).
 func SiteStreamConfigs(c StreamConfig, s Site) []jetstream.StreamConfig {
 	configs := c.StreamConfigs()
 	for i := range configs {
@@ -117,14 +151,11 @@ func SiteStreamConfigs(c StreamConfig, s Site) []jetstream.StreamConfig {
 			sc.Description += ", at site " + s.Name
 			continue
 		}
-		transforms := make([]jetstream.SubjectTransformConfig, 0, len(s.EventSubjects()))
-		for _, subj := range s.EventSubjects() {
-			// A transform onto itself is a filter: the source's
-			// consumer takes these subjects and nothing else.
-			transforms = append(transforms, jetstream.SubjectTransformConfig{Source: subj, Destination: subj})
-		}
 		sc.Subjects = nil
-		sc.Sources = []*jetstream.StreamSource{{Name: StreamEvents, Domain: s.HubDomain, SubjectTransforms: transforms}}
+		sc.Sources = []*jetstream.StreamSource{{
+			Name: StreamEvents, Domain: s.HubDomain,
+			Consumer: &jetstream.StreamConsumerSource{Name: SiteConsumer(s.Name), DeliverSubject: siteDeliverSubject(s.Name)},
+		}}
 		sc.Description = "Steward state changes for site " + s.Name + ", sourced from the hub"
 	}
 	return configs
@@ -169,6 +200,11 @@ func SetupSite(ctx context.Context, siteJS, hubJS jetstream.JetStream, cfg BusCo
 	}
 	if cfg.CheckpointMaxBytes < 1 || cfg.CheckpointMaxValueSize < 1 {
 		return fmt.Errorf("checkpoint max bytes %d and max value size %d: want both positive", cfg.CheckpointMaxBytes, cfg.CheckpointMaxValueSize)
+	}
+	// The hub's consumer first: the site's source resets it, and finds
+	// nothing to reset before it exists.
+	if _, err := hubJS.CreateOrUpdatePushConsumer(ctx, StreamEvents, SiteConsumerConfig(s)); err != nil {
+		return fmt.Errorf("site %s: create or update the hub's consumer %s: %w", s.Name, SiteConsumer(s.Name), describeCreateError(err))
 	}
 	for _, sc := range SiteStreamConfigs(cfg.Streams, s) {
 		if _, err := siteJS.CreateOrUpdateStream(ctx, sc); err != nil {

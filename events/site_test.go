@@ -39,8 +39,9 @@ func TestSiteEventSubjectsAreItsKeysAndTheSharedOnes(t *testing.T) {
 
 // The site's events stream listens on nothing itself (a publish at the hub
 // is stored and acknowledged there alone), sources the hub's stream in the
-// hub's domain filtered to the site's subjects, and keeps the stored
-// notices stream readers wake on.
+// hub's domain through the hub's durable consumer for the site, filtered
+// to the site's subjects, and keeps the stored notices stream readers wake
+// on.
 func TestSiteStreamConfigsSourceTheHubAndListenOnNothing(t *testing.T) {
 	s := testSite()
 	configs := events.SiteStreamConfigs(events.DefaultStreamConfig(), s)
@@ -70,19 +71,23 @@ func TestSiteStreamConfigsSourceTheHubAndListenOnNothing(t *testing.T) {
 			t.Fatalf("%d sources, want the hub's one", len(sc.Sources))
 		}
 		src := sc.Sources[0]
-		if src.Name != events.StreamEvents || src.Domain != "hub" || src.FilterSubject != "" {
-			t.Errorf("source %s in domain %q filter %q: want STEWARD_EVENTS in hub, filtered by its transforms", src.Name, src.Domain, src.FilterSubject)
+		if src.Name != events.StreamEvents || src.Domain != "hub" || src.FilterSubject != "" || len(src.SubjectTransforms) != 0 {
+			t.Errorf("source %s in domain %q, filter %q, %d transforms: want STEWARD_EVENTS in hub, filtered by the hub's consumer", src.Name, src.Domain, src.FilterSubject, len(src.SubjectTransforms))
 		}
-		var filters []string
-		for _, tr := range src.SubjectTransforms {
-			if tr.Source != tr.Destination {
-				t.Errorf("transform %s -> %s renames a subject; a filter keeps it", tr.Source, tr.Destination)
-			}
-			filters = append(filters, tr.Source)
+		if src.Consumer == nil || src.Consumer.Name != events.SiteConsumer(s.Name) || src.Consumer.DeliverSubject != events.SiteConsumerConfig(s).DeliverSubject {
+			t.Errorf("source consumer %+v: want the hub's durable consumer for the site", src.Consumer)
 		}
-		if !slices.Equal(filters, s.EventSubjects()) {
-			t.Errorf("filters %v, want %v", filters, s.EventSubjects())
-		}
+	}
+	cc := events.SiteConsumerConfig(s)
+	if !slices.Equal(cc.FilterSubjects, s.EventSubjects()) {
+		t.Errorf("the hub's consumer filters %v, want %v", cc.FilterSubjects, s.EventSubjects())
+	}
+	if cc.AckPolicy != jetstream.AckFlowControlPolicy || !cc.FlowControl || cc.IdleHeartbeat != time.Second || cc.MaxAckPending < 1 || cc.AckWait != 0 {
+		t.Errorf("the hub's consumer: ack %v, flow control %v, heartbeat %v, max ack pending %d, ack wait %v: want what durable sourcing requires",
+			cc.AckPolicy, cc.FlowControl, cc.IdleHeartbeat, cc.MaxAckPending, cc.AckWait)
+	}
+	if strings.HasPrefix(cc.DeliverSubject, "steward.") {
+		t.Errorf("the hub's consumer delivers on %s, which the link does not carry", cc.DeliverSubject)
 	}
 }
 

@@ -172,12 +172,15 @@ func newSiteSetupCmd(g *globals) *cobra.Command {
 		Use:   "setup NAME",
 		Short: "Create or update site NAME's streams and bucket, and the hub's sources of its outcomes",
 		Long: `Run as the operator against the hub (--nats-url, --nats-creds): in site NAME's
-domain, create or update STEWARD_EVENTS sourcing the hub's, filtered to the
-site's keys (--boxes, --hives, --machines, --keys-file) and the subjects every
-site needs, with no subjects of its own; STEWARD_OUTCOMES, STEWARD_DLQ and the
+domain, create or update STEWARD_EVENTS sourcing the hub's through the hub's
+durable consumer site-NAME (created here), filtered to the site's keys
+(--boxes, --hives, --machines, --keys-file) and the subjects every site needs,
+with no subjects of its own; STEWARD_OUTCOMES, STEWARD_DLQ and the
 checkpoint bucket; and at the hub add the site's outcomes and dead letters as
 sources of its STEWARD_OUTCOMES and STEWARD_DLQ. The site's leaf node must be
-linked. Run it again to change the site's keys: the filters are replaced.
+linked. Run it again to change the site's keys: the filters are replaced, and a
+key added receives the events published from then on. The hub's consumer's
+pending count is how far behind the site is.
 
 --keys-file holds one key a line, "box NAME", "hive NAME" or "machine NAME";
 '#' starts a comment.`,
@@ -210,8 +213,8 @@ linked. Run it again to change the site's keys: the filters are replaced.
 				return fmt.Errorf("steward site setup: %w (is the leaf node of site %s linked to this hub?)", err, site.Name)
 			}
 			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "site %s: STEWARD_EVENTS sources %s's STEWARD_EVENTS on %d subjects (%d boxes, %d hives, %d machines)\n",
-				site.Name, site.HubDomain, len(site.EventSubjects()), len(site.Boxes), len(site.Hives), len(site.Machines))
+			fmt.Fprintf(out, "site %s: STEWARD_EVENTS sources %s's STEWARD_EVENTS through its consumer %s, on %d subjects (%d boxes, %d hives, %d machines)\n",
+				site.Name, site.HubDomain, events.SiteConsumer(site.Name), len(site.EventSubjects()), len(site.Boxes), len(site.Hives), len(site.Machines))
 			fmt.Fprintf(out, "site %s: STEWARD_OUTCOMES, STEWARD_DLQ and bucket %s set up; the hub's STEWARD_OUTCOMES and STEWARD_DLQ source them\n", site.Name, events.CheckpointBucket)
 			return nil
 		},
