@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/ops"
 	"github.com/steward-dev/steward/internal/signing"
 	"github.com/steward-dev/steward/workers"
 )
@@ -372,6 +373,13 @@ func TestSitesConvergeThroughACut(t *testing.T) {
 			t.Fatalf("%s is at version %d during the cut: the cut let events through", hive, v)
 		}
 	}
+	// The hub says which site is behind, and by how much.
+	behind := uint64((rounds - 1) * perSite)
+	during := siteStatus(t, hub.url())
+	if a, bb := during["site-a"], during["site-b"]; a.Linked || a.Pending != behind || !bb.Linked || bb.Pending != 0 {
+		t.Errorf("during the cut the hub reports site A linked %v, %d behind, site B linked %v, %d behind; want A unlinked and %d behind, B linked and 0",
+			a.Linked, a.Pending, bb.Linked, bb.Pending, behind)
+	}
 	// Holding the cut is the scenario itself, not a wait for a condition.
 	if rest := siteCut - time.Since(cutAt); rest > 0 {
 		time.Sleep(rest)
@@ -382,6 +390,10 @@ func TestSitesConvergeThroughACut(t *testing.T) {
 	relinked := waitFor(t, "site A is linked again", time.Minute, linked(2))
 	waitFor(t, "site A converges after the heal", 2*time.Minute, atVersion("site-a", rounds))
 	aAfterHeal := time.Since(healedAt)
+	waitFor(t, "the hub reports every site caught up", time.Minute, func() (bool, string) {
+		st := siteStatus(t, hub.url())
+		return st["site-a"].Linked && st["site-a"].Pending == 0 && st["site-b"].Pending == 0, fmt.Sprintf("%+v", st)
+	})
 
 	// Every event has exactly one outcome at the hub, applied or superseded.
 	outcomes := map[string][]string{}
@@ -443,6 +455,20 @@ func TestSitesConvergeThroughACut(t *testing.T) {
 	summary(t, "sites-cut",
 		"sites", 2, "instances_per_site", perSite, "read_mode", "stream", "auth", "open",
 		"round1_both_sites", round(first), "cut", round(cut), "cut_target", siteCutTarget, "leaf_killed_during_cut", true,
-		"site_b_converged_during_cut", round(bDuringCut), "site_a_relinked_after_heal", round(relinked), "site_a_converged_after_heal", round(aAfterHeal),
+		"site_b_converged_during_cut", round(bDuringCut), "hub_reported_site_a_behind", during["site-a"].Pending, "site_a_relinked_after_heal", round(relinked), "site_a_converged_after_heal", round(aAfterHeal),
 		"events", len(ids), "superseded", superseded, "lost", lost, "duplicates_applied", dup, "backwards", backwards)
+}
+
+// siteStatus is `steward site status --json` at the hub, by site.
+func siteStatus(t testing.TB, hubURL string) map[string]ops.Site {
+	t.Helper()
+	var list []ops.Site
+	if err := json.Unmarshal([]byte(runSteward(t, nil, "site", "status", "--json", "--nats-url", hubURL)), &list); err != nil {
+		t.Fatalf("steward site status --json: %v", err)
+	}
+	out := map[string]ops.Site{}
+	for _, s := range list {
+		out[s.Name] = s
+	}
+	return out
 }

@@ -131,6 +131,16 @@ func SiteConsumerConfig(s Site) jetstream.ConsumerConfig {
 	}
 }
 
+// SiteOfConsumer returns the site a consumer of the hub's STEWARD_EVENTS
+// serves, when it is one SiteConsumerConfig made.
+func SiteOfConsumer(cfg jetstream.ConsumerConfig) (string, bool) {
+	site, ok := strings.CutPrefix(cfg.Durable, "site-")
+	if !ok || CheckDomain(site) != nil || cfg.DeliverSubject != siteDeliverSubject(site) {
+		return "", false
+	}
+	return site, true
+}
+
 // siteMaxAckPending bounds what the hub sends a site ahead of its flow
 // control: a catch-up after a cut streams in windows of this many events.
 const siteMaxAckPending = 10_000

@@ -15,6 +15,7 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/atomicfile"
+	"github.com/steward-dev/steward/internal/ops"
 )
 
 // siteSetupTimeout bounds `steward site setup`: a site whose leaf node is
@@ -37,10 +38,11 @@ each site's. The link carries none of Steward's subjects, only JetStream's.
 
   site config NAME   writes the leaf node's nats-server configuration
   site setup NAME    creates or updates the site's streams and bucket, from the hub
+  site status        at the hub: each site's link and how many events it is behind
 
 Workers at a site run unchanged, pointed at the leaf node with --js-domain NAME.`,
 	}
-	cmd.AddCommand(newSiteConfigCmd(), newSiteSetupCmd(g))
+	cmd.AddCommand(newSiteConfigCmd(), newSiteSetupCmd(g), newSiteStatusCmd(g))
 	return cmd
 }
 
@@ -260,4 +262,52 @@ func readSiteKeys(path string, s *events.Site) error {
 		}
 	}
 	return sc.Err()
+}
+
+func newSiteStatusCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "At the hub: each site's link and how many of its events it has not stored yet",
+		Long: `List the sites set up at this hub, from the hub's durable consumer for each:
+LINKED says the site's leaf node is sourcing now; PENDING is how many of the
+site's events the hub holds and has not sent it yet (during a cut it grows with
+every event published for the site; the hub keeps them for its retention);
+UNCONFIRMED were sent and not yet confirmed by the site's flow control (stored
+there, or lost with a cut and sent again); LAST ACTIVE is when the site last
+took or confirmed one.`,
+		Args: cobra.NoArgs,
+	}
+	out := addOutputFlags(cmd)
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		asJSON, err := out.asJSON()
+		if err != nil {
+			return err
+		}
+		nc, js, err := g.connect(cmd.Context(), "steward site status", false)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		sites, err := ops.Sites(cmd.Context(), js)
+		if err != nil {
+			return withServerHint(g, err)
+		}
+		if asJSON {
+			return printJSON(cmd.OutOrStdout(), sites)
+		}
+		now := time.Now()
+		t := newTable(cmd.OutOrStdout(), "SITE", "LINKED", "PENDING", "UNCONFIRMED", "SUBJECTS", "LAST ACTIVE")
+		for _, s := range sites {
+			active := "never"
+			if s.LastActive != nil {
+				active = ago(now, *s.LastActive)
+			}
+			t.row(s.Name, s.Linked, s.Pending, s.Unconfirmed, s.Subjects, active)
+		}
+		if len(sites) == 0 {
+			t.line("(no sites: steward site setup NAME makes one)")
+		}
+		return t.flush()
+	}
+	return cmd
 }
