@@ -273,7 +273,8 @@ func TestSitesConvergeThroughACut(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(nc.Close)
-			js, err := jetstream.NewWithDomain(nc, site)
+			// As `steward worker --js-domain` does: the leaf node's own API.
+			js, err := events.JetStreamIn(nc, site)
 			if err != nil {
 				t.Fatal(err)
 			}

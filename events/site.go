@@ -3,11 +3,11 @@ package events
 import (
 	"context"
 	"fmt"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -16,17 +16,28 @@ import (
 // and a source in another domain is addressed by that domain's name.
 const DefaultHubDomain = "hub"
 
-// domainPattern is what a JetStream domain may be: one subject token, as
+// CheckDomain refuses a JetStream domain that is not one subject token, as
 // nats-server builds $JS.<domain>.API from it. It is the key's rule, so a
 // site's name is also a safe file and server name.
-var domainPattern = regexp.MustCompile(KeyPattern)
-
-// CheckDomain refuses a JetStream domain that is not one subject token.
 func CheckDomain(domain string) error {
-	if !domainPattern.MatchString(domain) {
+	if !keyPattern.MatchString(domain) {
 		return fmt.Errorf("JetStream domain %q: want one subject token, matching %s", domain, KeyPattern)
 	}
 	return nil
+}
+
+// JetStreamIn is the JetStream API of domain on nc. When the server nc is
+// connected to is itself in domain (a worker at its site's leaf node) it is
+// that server's own API, $JS.API: nats-server never lets it cross a link
+// between domains, so it is the site's, and a worker's credentials, which
+// allow $JS.API subjects, work at a site unchanged. Otherwise (a hub-side
+// tool reaching a site) it is $JS.<domain>.API. An empty domain is the
+// connected server's.
+func JetStreamIn(nc *nats.Conn, domain string) (jetstream.JetStream, error) {
+	if domain == "" || nc.ConnectedDomain() == domain {
+		return jetstream.New(nc)
+	}
+	return jetstream.NewWithDomain(nc, domain)
 }
 
 // Site is one site of a fleet (docs/design.md §9): a NATS leaf node with
@@ -193,7 +204,7 @@ func SiteOf(src *jetstream.StreamSource, stream string) (string, bool) {
 		return "", false
 	}
 	site, ok = strings.CutSuffix(site, ".API")
-	return site, ok && domainPattern.MatchString(site)
+	return site, ok && CheckDomain(site) == nil
 }
 
 // SetupSite creates or updates a site's streams and checkpoint bucket in

@@ -177,7 +177,7 @@ func connectTo(t *testing.T, s *server.Server, domain string) (*nats.Conn, jetst
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	js, err := jetstream.NewWithDomain(nc, domain)
+	js, err := events.JetStreamIn(nc, domain)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,6 +194,20 @@ func TestSetupSiteSourcesTheHubAndBack(t *testing.T) {
 	siteNC, siteJS := connectTo(t, leaf, "site-a")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	// At its own leaf node a site's JetStream is the server's own API, so
+	// a worker's credentials (scoped to $JS.API) work there unchanged; from
+	// the hub it is the domain's.
+	if p := siteJS.Options().Domain; p != "" {
+		t.Errorf("at the leaf node, the site's JetStream is addressed through domain %q, want the server's own API", p)
+	}
+	hubNC, _ := connectTo(t, hub, "hub")
+	siteFromHub, err := events.JetStreamIn(hubNC, "site-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if siteFromHub.Options().Domain != "site-a" {
+		t.Errorf("from the hub, the site's JetStream is addressed through domain %q, want site-a", siteFromHub.Options().Domain)
+	}
 	cfg := events.DefaultBusConfig(1)
 	cfg.Streams.MaxBytes, cfg.Streams.DLQMaxBytes, cfg.CheckpointMaxBytes = 64<<20, 16<<20, 16<<20
 	if err := events.SetupBus(ctx, hubJS, cfg); err != nil {
@@ -236,6 +250,14 @@ func TestSetupSiteSourcesTheHubAndBack(t *testing.T) {
 	}
 	if _, err := st.GetLastMsgForSubject(ctx, "steward.events.credential.rotated.hive-9"); err == nil {
 		t.Error("the site holds another site's hive's event")
+	}
+	// A hub-side tool reads the same site stream through the domain.
+	fromHub, err := siteFromHub.Stream(ctx, events.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fromHub.GetLastMsgForSubject(ctx, "steward.events.credential.rotated.hive-1"); err != nil {
+		t.Errorf("the hub does not read the site's stream through its domain: %v", err)
 	}
 	m, err := notices.NextMsg(10 * time.Second)
 	if err != nil {

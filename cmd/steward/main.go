@@ -26,6 +26,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
+	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/natsauth"
 	"github.com/steward-dev/steward/internal/tracing"
 )
@@ -400,10 +401,9 @@ func serveHTTP(ctx context.Context, log zerolog.Logger, addr string, h http.Hand
 }
 
 // jetStream is the JetStream API on c, in --js-domain's domain when one is
-// set (a site's leaf node, or a context's jetstream_domain).
+// set (a site's leaf node, or a context's jetstream_domain): the connected
+// server's own when it is in that domain, as a worker at its site's leaf
+// node is (events.JetStreamIn).
 func (g *globals) jetStream(c *nats.Conn) (jetstream.JetStream, error) {
-	if g.jsDomain != "" {
-		return jetstream.NewWithDomain(c, g.jsDomain)
-	}
-	return jetstream.New(c)
+	return events.JetStreamIn(c, g.jsDomain)
 }

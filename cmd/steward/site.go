@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/steward-dev/steward/events"
@@ -205,7 +204,7 @@ pending count is how far behind the site is.
 				return err
 			}
 			defer nc.Close()
-			siteJS, err := jetstream.NewWithDomain(nc, site.Name)
+			siteJS, err := events.JetStreamIn(nc, site.Name)
 			if err != nil {
 				return err
 			}
