@@ -158,13 +158,18 @@ func (c StreamConfig) StreamConfigs() []jetstream.StreamConfig {
 }
 
 // EnsureStreams creates the three streams or updates them to cfg, limits
-// included. It is the operator's act (`steward setup`, `steward dev`):
+// included, keeping the sources a stream has (the sites', SetupSite). It is the operator's act (`steward setup`, `steward dev`):
 // workers call CreateMissingStreams, which leaves existing limits alone.
 func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) error {
 	if err := cfg.Check(); err != nil {
 		return err
 	}
 	for _, sc := range cfg.StreamConfigs() {
+		// The sources of a hub's outcomes and dead letters are the sites'
+		// (SetupSite): updating the limits keeps them.
+		if st, err := js.Stream(ctx, sc.Name); err == nil {
+			sc.Sources = st.CachedInfo().Config.Sources
+		}
 		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
 			return fmt.Errorf("create or update stream %s (replicas %d): %w", sc.Name, sc.Replicas, describeCreateError(err))
 		}

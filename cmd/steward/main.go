@@ -26,6 +26,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
+	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/natsauth"
 	"github.com/steward-dev/steward/internal/tracing"
 )
@@ -153,7 +154,7 @@ Every flag has an environment twin, STEWARD_<FLAG> with '-' as '_'
 	root.AddCommand(
 		newWorkerCmd(g), newPublishCmd(g), newServeCmd(g), newExportCmd(g),
 		newReplayCmd(g), newDLQCmd(g), newStatusCmd(g), newKeysCmd(g),
-		newJoinCmd(g), newDevCmd(g), newBenchCmd(g), newSetupCmd(g), newCredsCmd(g), newTokenCmd(g),
+		newJoinCmd(g), newDevCmd(g), newBenchCmd(g), newSetupCmd(g), newCredsCmd(g), newTokenCmd(g), newSiteCmd(g),
 	)
 	root.AddCommand(newOpsCmds(g)...)
 	return root
@@ -400,10 +401,9 @@ func serveHTTP(ctx context.Context, log zerolog.Logger, addr string, h http.Hand
 }
 
 // jetStream is the JetStream API on c, in --js-domain's domain when one is
-// set (a site's leaf node, or a context's jetstream_domain).
+// set (a site's leaf node, or a context's jetstream_domain): the connected
+// server's own when it is in that domain, as a worker at its site's leaf
+// node is (events.JetStreamIn).
 func (g *globals) jetStream(c *nats.Conn) (jetstream.JetStream, error) {
-	if g.jsDomain != "" {
-		return jetstream.NewWithDomain(c, g.jsDomain)
-	}
-	return jetstream.New(c)
+	return events.JetStreamIn(c, g.jsDomain)
 }

@@ -1,0 +1,312 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/atomicfile"
+	"github.com/steward-dev/steward/internal/ops"
+)
+
+// siteSetupTimeout bounds `steward site setup`: a site whose leaf node is
+// not linked answers nothing, and the operator is told so rather than left
+// waiting.
+const siteSetupTimeout = time.Minute
+
+// newSiteCmd is a site's topology (docs/design.md §9): the leaf node's
+// configuration, and its streams set up from the hub.
+func newSiteCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "site",
+		Short: "A site's NATS leaf node and streams: configuration and set-up (an operator's commands)",
+		Long: `A site is a NATS leaf node with its own JetStream domain (the site's name),
+linked to the hub. Its STEWARD_EVENTS sources the hub's, filtered to the site's
+keys and the subjects every site needs (release.published, hostfloor.published),
+and listens on nothing itself; its workers checkpoint and write outcomes and
+dead letters at the site, and the hub's STEWARD_OUTCOMES and STEWARD_DLQ source
+each site's. The link carries none of Steward's subjects, only JetStream's.
+
+  site config NAME   writes the leaf node's nats-server configuration
+  site setup NAME    creates or updates the site's streams and bucket, from the hub
+  site status        at the hub: each site's link and how many events it is behind
+
+Workers at a site run unchanged, pointed at the leaf node with --js-domain NAME.`,
+	}
+	cmd.AddCommand(newSiteConfigCmd(), newSiteSetupCmd(g), newSiteStatusCmd(g))
+	return cmd
+}
+
+// leafConfig is what `steward site config` writes a leaf node's
+// configuration from.
+type leafConfig struct {
+	site, hubURL, leafCreds   string
+	listen, httpListen, store string
+	// serverDir and account put the leaf in JWT mode: the operator and
+	// account JWTs `steward creds init --server-dir` writes, and the
+	// account the link binds locally.
+	serverDir, account string
+	maxFileStore       string
+}
+
+func (c leafConfig) check() error {
+	if err := events.CheckDomain(c.site); err != nil {
+		return fmt.Errorf("site name: %w", err)
+	}
+	if !strings.HasPrefix(c.hubURL, "nats-leaf://") && !strings.HasPrefix(c.hubURL, "tls://") && !strings.HasPrefix(c.hubURL, "nats://") {
+		return fmt.Errorf("--hub-url %q: want the hub's leaf node port, nats-leaf://HOST:7422 (or tls://)", c.hubURL)
+	}
+	if c.store == "" {
+		return fmt.Errorf("--store-dir is empty: each leaf node needs a store of its own")
+	}
+	if (c.serverDir == "") != (c.account == "") {
+		return fmt.Errorf("--server-dir and --account go together: the leaf trusts the operator in --server-dir and binds the link to --account (account.pub)")
+	}
+	return nil
+}
+
+// render is the configuration file. Strings are quoted with strconv.Quote,
+// which nats-server's parser reads as JSON strings.
+func (c leafConfig) render() []byte {
+	var b bytes.Buffer
+	q := strconv.Quote
+	fmt.Fprintf(&b, "# NATS leaf node of Steward site %s (written by steward site config).\n", c.site)
+	fmt.Fprintf(&b, "# A persistent server name and a store of its own (nats-server issue 3024).\n")
+	fmt.Fprintf(&b, "server_name: %s\n", q("steward-site-"+c.site))
+	fmt.Fprintf(&b, "listen: %s\n", q(c.listen))
+	if c.httpListen != "" {
+		fmt.Fprintf(&b, "http: %s\n", q(c.httpListen))
+	}
+	fmt.Fprintf(&b, "max_payload: 1MB\n")
+	if c.serverDir != "" {
+		fmt.Fprintf(&b, "\n# The bus is closed at the site too: the hub's operator, its accounts'\n# JWTs from steward creds init --server-dir, so every identity's credentials\n# work here unchanged.\n")
+		fmt.Fprintf(&b, "operator: %s\n", q(c.serverDir+"/operator.jwt"))
+		fmt.Fprintf(&b, "resolver: {\n  type: full\n  dir: %s\n  allow_delete: false\n}\n", q(c.serverDir+"/accounts"))
+	}
+	fmt.Fprintf(&b, "\n# The site's own JetStream: its domain is the site's name, so workers here\n# use it (--js-domain %s) and the hub reaches it as $JS.%s.API.\n", c.site, c.site)
+	fmt.Fprintf(&b, "jetstream {\n  domain: %s\n  store_dir: %s\n  sync_interval: always\n", q(c.site), q(c.store))
+	if c.maxFileStore != "" {
+		fmt.Fprintf(&b, "  max_file_store: %s\n", c.maxFileStore)
+	}
+	fmt.Fprintf(&b, "}\n")
+	fmt.Fprintf(&b, "\n# The link to the hub carries JetStream's subjects only: events, outcomes and\n# dead letters cross as sourcing, stored and acknowledged by one stream;\n# stored notices and control messages stay on their side.\n")
+	fmt.Fprintf(&b, "leafnodes {\n  reconnect: 1s\n  remotes: [\n    {\n      urls: [%s]\n", q(c.hubURL))
+	// The hub advertises its servers' own leaf addresses; a site that
+	// reaches it through a proxy, a NAT or a tunnel would reconnect around
+	// it. Only the addresses the operator gave are used.
+	fmt.Fprintf(&b, "      ignore_discovered_servers: true\n")
+	if c.leafCreds != "" {
+		fmt.Fprintf(&b, "      credentials: %s\n", q(c.leafCreds))
+	}
+	if c.account != "" {
+		fmt.Fprintf(&b, "      account: %s\n", q(c.account))
+	}
+	var deny []string
+	for _, s := range events.SiteLinkDenied() {
+		deny = append(deny, q(s))
+	}
+	fmt.Fprintf(&b, "      deny_imports: [%s]\n      deny_exports: [%s]\n    }\n  ]\n}\n", strings.Join(deny, ", "), strings.Join(deny, ", "))
+	return b.Bytes()
+}
+
+func newSiteConfigCmd() *cobra.Command {
+	var (
+		c   leafConfig
+		out string
+	)
+	cmd := &cobra.Command{
+		Use:   "config NAME",
+		Short: "Write the site's leaf node configuration (nats-server -c FILE)",
+		Long: `Write the nats-server configuration of site NAME's leaf node: a persistent
+server name, its own store, JetStream in domain NAME, and the link to the hub's
+leaf node port (--hub-url) with the leaf's credentials (--leaf-creds), carrying
+none of Steward's subjects. With --server-dir and --account the leaf runs the
+closed bus as the hub does. The hub runs JetStream in its own domain
+(jetstream { domain: hub }) and listens for leaf nodes (leafnodes { port: 7422 }).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c.site = args[0]
+			if err := c.check(); err != nil {
+				return fmt.Errorf("steward site config: %w", err)
+			}
+			body := c.render()
+			if out == "" || out == "-" {
+				_, err := cmd.OutOrStdout().Write(body)
+				return err
+			}
+			if err := atomicfile.Write(out, body, 0o644); err != nil {
+				return fmt.Errorf("steward site config: %w", err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: leaf node of site %s, JetStream domain %s, linked to %s\n", out, c.site, c.site, redactURL(c.hubURL))
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&c.hubURL, "hub-url", "", "the hub's leaf node URL, nats-leaf://HOST:7422 (or tls://HOST:7422)")
+	fs.StringVar(&c.leafCreds, "leaf-creds", "", "credentials file the leaf connects to the hub with")
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:4222", "where the site's workers connect")
+	fs.StringVar(&c.httpListen, "http-listen", "", "the leaf node's monitoring address (/healthz, /leafz); empty: none")
+	fs.StringVar(&c.store, "store-dir", "", "the leaf node's JetStream store, its own")
+	fs.StringVar(&c.maxFileStore, "max-file-store", "32GB", "the store's size: the site's streams and bucket reserve their max bytes")
+	fs.StringVar(&c.serverDir, "server-dir", "", "the operator and account JWTs (steward creds init --server-dir): the leaf runs the closed bus")
+	fs.StringVar(&c.account, "account", "", "with --server-dir: the STEWARD account's public key (account.pub), the link's local account")
+	fs.StringVarP(&out, "out", "o", "", "file to write (empty or -: standard output)")
+	return cmd
+}
+
+func newSiteSetupCmd(g *globals) *cobra.Command {
+	var (
+		site                         events.Site
+		keysFile                     string
+		cfg                          = events.DefaultBusConfig(1)
+		maxBytes, dlqMax, cpMaxBytes int64
+	)
+	cmd := &cobra.Command{
+		Use:   "setup NAME",
+		Short: "Create or update site NAME's streams and bucket, and the hub's sources of its outcomes",
+		Long: `Run as the operator against the hub (--nats-url, --nats-creds): in site NAME's
+domain, create or update STEWARD_EVENTS sourcing the hub's through the hub's
+durable consumer site-NAME (created here), filtered to the site's keys
+(--boxes, --hives, --machines, --keys-file) and the subjects every site needs,
+with no subjects of its own; STEWARD_OUTCOMES, STEWARD_DLQ and the
+checkpoint bucket; and at the hub add the site's outcomes and dead letters as
+sources of its STEWARD_OUTCOMES and STEWARD_DLQ. The site's leaf node must be
+linked. Run it again to change the site's keys: the filters are replaced, and a
+key added receives the events published from then on. The hub's consumer's
+pending count is how far behind the site is.
+
+--keys-file holds one key a line, "box NAME", "hive NAME" or "machine NAME";
+'#' starts a comment.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			site.Name = args[0]
+			if keysFile != "" {
+				if err := readSiteKeys(keysFile, &site); err != nil {
+					return fmt.Errorf("steward site setup: %w", err)
+				}
+			}
+			if err := site.Check(); err != nil {
+				return fmt.Errorf("steward site setup: %w", err)
+			}
+			cfg.Streams.Replicas = g.replicas
+			cfg.Streams.MaxBytes, cfg.Streams.DLQMaxBytes, cfg.CheckpointMaxBytes = maxBytes, dlqMax, cpMaxBytes
+			ctx := cmd.Context()
+			nc, hubJS, err := g.connect(ctx, "steward site setup", false)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			siteJS, err := events.JetStreamIn(nc, site.Name)
+			if err != nil {
+				return err
+			}
+			sctx, cancel := context.WithTimeout(ctx, siteSetupTimeout)
+			defer cancel()
+			if err := events.SetupSite(sctx, siteJS, hubJS, cfg, site); err != nil {
+				return fmt.Errorf("steward site setup: %w (is the leaf node of site %s linked to this hub?)", err, site.Name)
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "site %s: STEWARD_EVENTS sources %s's STEWARD_EVENTS through its consumer %s, on %d subjects (%d boxes, %d hives, %d machines)\n",
+				site.Name, site.HubDomain, events.SiteConsumer(site.Name), len(site.EventSubjects()), len(site.Boxes), len(site.Hives), len(site.Machines))
+			fmt.Fprintf(out, "site %s: STEWARD_OUTCOMES, STEWARD_DLQ and bucket %s set up; the hub's STEWARD_OUTCOMES and STEWARD_DLQ source them\n", site.Name, events.CheckpointBucket)
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&site.HubDomain, "hub-domain", events.DefaultHubDomain, "the hub's JetStream domain (jetstream { domain } in its configuration)")
+	fs.StringSliceVar(&site.Boxes, "boxes", nil, "the site's boxes (join), comma-separated")
+	fs.StringSliceVar(&site.Hives, "hives", nil, "the site's hives (credential), comma-separated")
+	fs.StringSliceVar(&site.Machines, "machines", nil, "the site's machines (provision), comma-separated")
+	fs.StringVar(&keysFile, "keys-file", "", `file of the site's keys, one a line: "box NAME", "hive NAME" or "machine NAME"`)
+	fs.Int64Var(&maxBytes, "max-bytes", events.DefaultMaxBytes, "bytes the site's STEWARD_EVENTS and STEWARD_OUTCOMES may each hold")
+	fs.Int64Var(&dlqMax, "dlq-max-bytes", events.DefaultDLQMaxBytes, "bytes the site's STEWARD_DLQ may hold")
+	fs.Int64Var(&cpMaxBytes, "checkpoint-max-bytes", events.DefaultCheckpointMaxBytes, "bytes the site's checkpoint bucket may hold")
+	return cmd
+}
+
+// readSiteKeys adds the keys listed in path to s.
+func readSiteKeys(path string, s *events.Site) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("--keys-file: %w", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line, _, _ := strings.Cut(sc.Text(), "#")
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		if len(fields) != 2 {
+			return fmt.Errorf("--keys-file %s line %d: want \"box|hive|machine NAME\", found %d fields", path, n, len(fields))
+		}
+		switch fields[0] {
+		case "box":
+			s.Boxes = append(s.Boxes, fields[1])
+		case "hive":
+			s.Hives = append(s.Hives, fields[1])
+		case "machine":
+			s.Machines = append(s.Machines, fields[1])
+		default:
+			return fmt.Errorf("--keys-file %s line %d: kind %q: want box, hive or machine", path, n, fields[0])
+		}
+	}
+	return sc.Err()
+}
+
+func newSiteStatusCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "At the hub: each site's link and how many of its events it has not stored yet",
+		Long: `List the sites set up at this hub, from the hub's durable consumer for each:
+LINKED says the site's leaf node is sourcing now; PENDING is how many of the
+site's events the hub holds and has not sent it yet (during a cut it grows with
+every event published for the site; the hub keeps them for its retention);
+UNCONFIRMED were sent and not yet confirmed by the site's flow control (stored
+there, or lost with a cut and sent again); LAST ACTIVE is when the site last
+took or confirmed one.`,
+		Args: cobra.NoArgs,
+	}
+	out := addOutputFlags(cmd)
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		asJSON, err := out.asJSON()
+		if err != nil {
+			return err
+		}
+		nc, js, err := g.connect(cmd.Context(), "steward site status", false)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		sites, err := ops.Sites(cmd.Context(), js)
+		if err != nil {
+			return withServerHint(g, err)
+		}
+		if asJSON {
+			return printJSON(cmd.OutOrStdout(), sites)
+		}
+		now := time.Now()
+		t := newTable(cmd.OutOrStdout(), "SITE", "LINKED", "PENDING", "UNCONFIRMED", "SUBJECTS", "LAST ACTIVE")
+		for _, s := range sites {
+			active := "never"
+			if s.LastActive != nil {
+				active = ago(now, *s.LastActive)
+			}
+			t.row(s.Name, s.Linked, s.Pending, s.Unconfirmed, s.Subjects, active)
+		}
+		if len(sites) == 0 {
+			t.line("(no sites: steward site setup NAME makes one)")
+		}
+		return t.flush()
+	}
+	return cmd
+}

@@ -1,0 +1,475 @@
+package e2e
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/ops"
+	"github.com/steward-dev/steward/internal/signing"
+	"github.com/steward-dev/steward/workers"
+)
+
+// siteCut is how long site A's link to the hub is cut in the test; the
+// issue's scenario holds it for siteCutTarget.
+const (
+	siteCut       = 20 * time.Second
+	siteCutTarget = 60 * time.Second
+)
+
+// linkProxy is a TCP proxy the test controls between a leaf node and the
+// hub's leaf port: cut closes every connection and refuses new ones, heal
+// listens again on the same address.
+type linkProxy struct {
+	addr, target string
+
+	mu    sync.Mutex
+	ln    net.Listener
+	conns map[net.Conn]bool
+}
+
+func startLinkProxy(t testing.TB, target string) *linkProxy {
+	t.Helper()
+	p := &linkProxy{addr: fmt.Sprintf("127.0.0.1:%d", freePort(t)), target: target, conns: map[net.Conn]bool{}}
+	p.heal(t)
+	t.Cleanup(p.cut)
+	return p
+}
+
+func (p *linkProxy) heal(t testing.TB) {
+	t.Helper()
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		t.Fatalf("proxy listen %s: %v", p.addr, err)
+	}
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", p.target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			if p.ln != ln {
+				// Cut while this one was dialling.
+				p.mu.Unlock()
+				c.Close()
+				up.Close()
+				continue
+			}
+			p.conns[c], p.conns[up] = true, true
+			p.mu.Unlock()
+			pipe := func(dst, src net.Conn) {
+				_, _ = io.Copy(dst, src)
+				dst.Close()
+				src.Close()
+			}
+			go pipe(up, c)
+			go pipe(c, up)
+		}
+	}()
+}
+
+func (p *linkProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	for c := range p.conns {
+		c.Close()
+	}
+	clear(p.conns)
+}
+
+// leafNode is a nats-server process whose configuration `steward site
+// config` wrote.
+type leafNode struct {
+	name     string
+	port     int
+	httpPort int
+	p        *proc
+}
+
+func (n *leafNode) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", n.port) }
+
+// leafs is how many leaf connections the server at httpPort has.
+func leafs(httpPort int) (int, string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/leafz", httpPort), nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return -1, err.Error()
+	}
+	defer resp.Body.Close()
+	var lz struct {
+		Leafs int `json:"leafnodes"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&lz); err != nil {
+		return -1, err.Error()
+	}
+	return lz.Leafs, fmt.Sprintf("%d leaf connections", lz.Leafs)
+}
+
+// siteLedger is the world of a site's instances: per hive, the versions
+// applied in order.
+type siteLedger struct {
+	mu      sync.Mutex
+	applied map[string][]uint64
+}
+
+func (l *siteLedger) apply(hive string, v uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.applied[hive] = append(l.applied[hive], v)
+}
+
+func (l *siteLedger) last(hive string) uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	a := l.applied[hive]
+	if len(a) == 0 {
+		return 0
+	}
+	return a[len(a)-1]
+}
+
+// TestSitesConvergeThroughACut is issue 27's scenario at a smaller scale.
+// Invariant: a hub and two sites, each a leaf node with its own JetStream
+// domain set up by `steward site config` and `steward site setup`, with
+// stream-reading credential instances on the runtime at each site, pointed
+// at their leaf node in their site's domain. Site A's link is cut (a TCP
+// proxy closed) while signed rotations for both sites' hives are published
+// at the hub, and site A's leaf node is SIGKILLed and restarted during the
+// cut. Site B converges during the cut, site A only after the link is back;
+// over both sites: 0 lost, 0 applied twice, 0 backwards, and every event's
+// outcome (applied or superseded) at the hub. The bus is open in this test:
+// the leaf identity's permissions are the next slice.
+func TestSitesConvergeThroughACut(t *testing.T) {
+	// rounds: round 1 before the cut, 2..rounds during it.
+	const rounds = 4
+	perSite := 20
+	// STEWARD_E2E_SITE_INSTANCES measures further (the issue's target is
+	// 200 a site); the suite runs 20 to stay within its time.
+	if v := os.Getenv("STEWARD_E2E_SITE_INSTANCES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("STEWARD_E2E_SITE_INSTANCES=%q: want a positive number", v)
+		}
+		perSite = n
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	// The hub: JetStream in domain hub, a leaf node port.
+	leafPort := freePort(t)
+	hub := newNATSNode(t, "hub", 0)
+	hubConf := filepath.Join(t.TempDir(), "hub.conf")
+	if err := os.WriteFile(hubConf, []byte(fmt.Sprintf("server_name: hub\njetstream {\n  domain: hub\n  sync_interval: always\n}\nleafnodes {\n  listen: \"127.0.0.1:%d\"\n}\n", leafPort)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	hub.p = newProc(t, "nats-hub", bins.nats, []string{"-c", hubConf, "-sd", hub.store, "-a", "127.0.0.1",
+		"-p", fmt.Sprint(hub.port), "-m", fmt.Sprint(hub.httpPort)}, nil)
+	hub.start(t)
+	proxy := startLinkProxy(t, fmt.Sprintf("127.0.0.1:%d", leafPort))
+
+	startLeaf := func(name, hubURL string) *leafNode {
+		n := &leafNode{name: name, port: freePort(t), httpPort: freePort(t)}
+		conf := filepath.Join(t.TempDir(), name+".conf")
+		out := runSteward(t, nil, "site", "config", name, "--hub-url", hubURL, "--store-dir", t.TempDir(),
+			"--listen", fmt.Sprintf("127.0.0.1:%d", n.port), "--http-listen", fmt.Sprintf("127.0.0.1:%d", n.httpPort),
+			"--max-file-store", "1GB", "--out", conf)
+		t.Logf("%s", out)
+		n.p = newProc(t, "nats-"+name, bins.nats, []string{"-c", conf}, nil)
+		n.p.start()
+		waitFor(t, "leaf "+name+" is healthy", time.Minute, func() (bool, string) {
+			return httpOK(fmt.Sprintf("http://127.0.0.1:%d/healthz?js-enabled-only=true", n.httpPort))
+		})
+		return n
+	}
+	siteA := startLeaf("site-a", "nats-leaf://"+proxy.addr)
+	siteB := startLeaf("site-b", fmt.Sprintf("nats-leaf://127.0.0.1:%d", leafPort))
+	linked := func(n int) func() (bool, string) {
+		return func() (bool, string) {
+			got, last := leafs(hub.httpPort)
+			return got == n, last
+		}
+	}
+	waitFor(t, "both sites are linked", time.Minute, linked(2))
+
+	b := connect(t, hub.url())
+	cfg := events.DefaultBusConfig(1)
+	cfg.Streams.MaxBytes, cfg.Streams.DLQMaxBytes, cfg.CheckpointMaxBytes = 256<<20, 64<<20, 64<<20
+	if err := events.SetupBus(ctx, b.js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	hives := map[string][]string{}
+	for _, site := range []string{"site-a", "site-b"} {
+		for i := range perSite {
+			hives[site] = append(hives[site], fmt.Sprintf("%s-hive-%d", site, i+1))
+		}
+		runSteward(t, nil, "site", "setup", site, "--nats-url", hub.url(), "--hives", strings.Join(hives[site], ","),
+			"--max-bytes", fmt.Sprint(256<<20), "--dlq-max-bytes", fmt.Sprint(64<<20), "--checkpoint-max-bytes", fmt.Sprint(64<<20))
+	}
+
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := signing.NewKeySet(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	version := func(d *workers.Delivery) (uint64, error) {
+		var data events.CredentialRotated
+		if err := d.DataAs(&data); err != nil {
+			return 0, err
+		}
+		r, err := signing.OpenRotation(keys, data)
+		if err != nil {
+			return 0, err
+		}
+		return r.Version, nil
+	}
+
+	// The instances: each site's, on connections to its own leaf node, in
+	// its domain, reading the stream.
+	ledger := map[string]*siteLedger{"site-a": {applied: map[string][]uint64{}}, "site-b": {applied: map[string][]uint64{}}}
+	runCtx, stopAll := context.WithCancel(context.Background())
+	var running sync.WaitGroup
+	t.Cleanup(func() { stopAll(); running.Wait() })
+	var started atomic.Int64
+	for site, leaf := range map[string]*leafNode{"site-a": siteA, "site-b": siteB} {
+		var conns []jetstream.JetStream
+		for range 2 {
+			nc, err := nats.Connect(leaf.url(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(nc.Close)
+			// As `steward worker --js-domain` does: the leaf node's own API.
+			js, err := events.JetStreamIn(nc, site)
+			if err != nil {
+				t.Fatal(err)
+			}
+			conns = append(conns, js)
+		}
+		l := ledger[site]
+		for i, hive := range hives[site] {
+			spec := workers.Spec{
+				Name: "credential", Instance: hive,
+				Subjects: []string{events.EventsPrefix + ".credential.rotated." + hive},
+				Types:    []string{events.TypeCredentialRotated},
+				Rank:     func(_ context.Context, d *workers.Delivery) (uint64, error) { return version(d) },
+			}
+			w, err := workers.New(ctx, conns[i%len(conns)], spec, workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+				v, err := version(d)
+				if err != nil {
+					return workers.Refused(err)
+				}
+				if v <= l.last(d.Key) {
+					return nil // in place already, as the credential worker's ..data says
+				}
+				l.apply(d.Key, v)
+				return d.Emit(ctx, "applied", map[string]any{"hive": d.Key, "version": v})
+			}), workers.WithReadMode(workers.ReadStream), workers.WithDomain(site))
+			if err != nil {
+				t.Fatal(err)
+			}
+			running.Add(1)
+			go func() { defer running.Done(); _ = w.Run(runCtx) }()
+			go func() {
+				waitFor(t, "instance "+hive+" is reading", time.Minute, func() (bool, string) { return w.Ready() == nil, fmt.Sprint(w.Ready()) })
+				started.Add(1)
+			}()
+		}
+	}
+	waitFor(t, "every instance is reading", 2*time.Minute, func() (bool, string) {
+		return started.Load() == int64(2*perSite), fmt.Sprintf("%d of %d", started.Load(), 2*perSite)
+	})
+
+	// publishRound publishes version v of every hive of both sites at the
+	// hub, signed, each retried until the hub acknowledges it.
+	ids := map[string]string{} // event id -> site
+	publishRound := func(v uint64) {
+		for site, list := range hives {
+			for _, hive := range list {
+				data, err := signing.SignRotation(priv, events.CredentialRotated{Hive: hive, Version: v, ClientID: clientID(hive, v), Secret: rotationSecret})
+				if err != nil {
+					t.Fatal(err)
+				}
+				e, err := events.New(events.TypeCredentialRotated, hive, data)
+				if err != nil {
+					t.Fatal(err)
+				}
+				e.SetID(fmt.Sprintf("sites-%s-%d", hive, v))
+				if _, _, err := b.publishAcked(ctx, e); err != nil {
+					t.Fatal(err)
+				}
+				ids[e.ID()] = site
+			}
+		}
+	}
+	atVersion := func(site string, v uint64) func() (bool, string) {
+		return func() (bool, string) {
+			n := 0
+			for _, hive := range hives[site] {
+				if ledger[site].last(hive) >= v {
+					n++
+				}
+			}
+			return n == len(hives[site]), fmt.Sprintf("%s: %d of %d hives at version %d", site, n, len(hives[site]), v)
+		}
+	}
+
+	publishRound(1)
+	first := waitFor(t, "both sites apply round 1", 2*time.Minute, func() (bool, string) {
+		okA, lastA := atVersion("site-a", 1)()
+		okB, lastB := atVersion("site-b", 1)()
+		return okA && okB, lastA + "; " + lastB
+	})
+
+	// The cut: site A's link closed and refused, its leaf node killed and
+	// restarted behind it, while rounds 2.. are published at the hub.
+	proxy.cut()
+	cutAt := time.Now()
+	waitFor(t, "the hub sees site A gone", time.Minute, linked(1))
+	for v := uint64(2); v <= rounds; v++ {
+		publishRound(v)
+	}
+	bDuringCut := waitFor(t, "site B converges during the cut", 2*time.Minute, atVersion("site-b", rounds))
+	siteA.p.kill()
+	siteA.p.start()
+	waitFor(t, "site A's leaf node is healthy again", time.Minute, func() (bool, string) {
+		return httpOK(fmt.Sprintf("http://127.0.0.1:%d/healthz?js-enabled-only=true", siteA.httpPort))
+	})
+	for _, hive := range hives["site-a"] {
+		if v := ledger["site-a"].last(hive); v != 1 {
+			t.Fatalf("%s is at version %d during the cut: the cut let events through", hive, v)
+		}
+	}
+	// The hub says which site is behind, and by how much.
+	behind := uint64((rounds - 1) * perSite)
+	during := siteStatus(t, hub.url())
+	if a, bb := during["site-a"], during["site-b"]; a.Linked || a.Pending != behind || !bb.Linked || bb.Pending != 0 {
+		t.Errorf("during the cut the hub reports site A linked %v, %d behind, site B linked %v, %d behind; want A unlinked and %d behind, B linked and 0",
+			a.Linked, a.Pending, bb.Linked, bb.Pending, behind)
+	}
+	// Holding the cut is the scenario itself, not a wait for a condition.
+	if rest := siteCut - time.Since(cutAt); rest > 0 {
+		time.Sleep(rest)
+	}
+	proxy.heal(t)
+	healedAt := time.Now()
+	cut := healedAt.Sub(cutAt)
+	relinked := waitFor(t, "site A is linked again", time.Minute, linked(2))
+	waitFor(t, "site A converges after the heal", 2*time.Minute, atVersion("site-a", rounds))
+	aAfterHeal := time.Since(healedAt)
+	waitFor(t, "the hub reports every site caught up", time.Minute, func() (bool, string) {
+		st := siteStatus(t, hub.url())
+		return st["site-a"].Linked && st["site-a"].Pending == 0 && st["site-b"].Pending == 0, fmt.Sprintf("%+v", st)
+	})
+
+	// Every event has exactly one outcome at the hub, applied or superseded.
+	outcomes := map[string][]string{}
+	waitFor(t, "every event's outcome is at the hub", 2*time.Minute, func() (bool, string) {
+		clear(outcomes)
+		err := b.each(events.StreamOutcomes, nil, func(m jetstream.Msg) error {
+			e, err := events.Decode(m.Headers(), m.Data())
+			if err != nil {
+				return err
+			}
+			cause, _ := e.Extensions()["causationid"].(string)
+			outcomes[cause] = append(outcomes[cause], e.Type())
+			return nil
+		})
+		if err != nil {
+			return false, err.Error()
+		}
+		missing := 0
+		for id := range ids {
+			if len(outcomes[id]) == 0 {
+				missing++
+			}
+		}
+		return missing == 0, fmt.Sprintf("%d of %d events without an outcome at the hub", missing, len(ids))
+	})
+	twice, superseded := 0, 0
+	for id := range ids {
+		if len(outcomes[id]) != 1 {
+			twice++
+			t.Errorf("event %s has outcomes %v at the hub, want one", id, outcomes[id])
+		}
+		if outcomes[id][0] == events.OutcomeType("credential", workers.OutcomeSuperseded) {
+			superseded++
+		}
+	}
+
+	lost, dup, backwards := 0, 0, 0
+	for site, list := range hives {
+		for _, hive := range list {
+			a := ledger[site].applied[hive]
+			seen := map[uint64]bool{}
+			for j, v := range a {
+				if seen[v] {
+					dup++
+				}
+				seen[v] = true
+				if j > 0 && v < a[j-1] {
+					backwards++
+				}
+			}
+			if !seen[1] || !seen[rounds] {
+				lost++
+			}
+		}
+	}
+	if lost+dup+backwards+twice != 0 {
+		t.Errorf("lost %d, applied twice %d, backwards %d, outcomes not one %d; want 0 each", lost, dup, backwards, twice)
+	}
+	summary(t, "sites-cut",
+		"sites", 2, "instances_per_site", perSite, "read_mode", "stream", "auth", "open",
+		"round1_both_sites", round(first), "cut", round(cut), "cut_target", siteCutTarget, "leaf_killed_during_cut", true,
+		"site_b_converged_during_cut", round(bDuringCut), "hub_reported_site_a_behind", during["site-a"].Pending, "site_a_relinked_after_heal", round(relinked), "site_a_converged_after_heal", round(aAfterHeal),
+		"events", len(ids), "superseded", superseded, "lost", lost, "duplicates_applied", dup, "backwards", backwards)
+}
+
+// siteStatus is `steward site status --json` at the hub, by site.
+func siteStatus(t testing.TB, hubURL string) map[string]ops.Site {
+	t.Helper()
+	var list []ops.Site
+	if err := json.Unmarshal([]byte(runSteward(t, nil, "site", "status", "--json", "--nats-url", hubURL)), &list); err != nil {
+		t.Fatalf("steward site status --json: %v", err)
+	}
+	out := map[string]ops.Site{}
+	for _, s := range list {
+		out[s.Name] = s
+	}
+	return out
+}

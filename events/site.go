@@ -1,0 +1,264 @@
+package events
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// DefaultHubDomain is the JetStream domain a hub runs in when its
+// operator names none: a site sources from the hub across the leaf link,
+// and a source in another domain is addressed by that domain's name.
+const DefaultHubDomain = "hub"
+
+// CheckDomain refuses a JetStream domain that is not one subject token, as
+// nats-server builds $JS.<domain>.API from it. It is the key's rule, so a
+// site's name is also a safe file and server name.
+func CheckDomain(domain string) error {
+	if !keyPattern.MatchString(domain) {
+		return fmt.Errorf("JetStream domain %q: want one subject token, matching %s", domain, KeyPattern)
+	}
+	return nil
+}
+
+// JetStreamIn is the JetStream API of domain on nc. When the server nc is
+// connected to is itself in domain (a worker at its site's leaf node) it is
+// that server's own API, $JS.API: nats-server never lets it cross a link
+// between domains, so it is the site's, and a worker's credentials, which
+// allow $JS.API subjects, work at a site unchanged. Otherwise (a hub-side
+// tool reaching a site) it is $JS.<domain>.API. An empty domain is the
+// connected server's.
+func JetStreamIn(nc *nats.Conn, domain string) (jetstream.JetStream, error) {
+	if domain == "" || nc.ConnectedDomain() == domain {
+		return jetstream.New(nc)
+	}
+	return jetstream.NewWithDomain(nc, domain)
+}
+
+// Site is one site of a fleet (docs/design.md §9): a NATS leaf node with
+// its own JetStream domain, the keys of the hosts behind it, and the hub
+// domain its events come from.
+type Site struct {
+	// Name is the site's JetStream domain and names its leaf node.
+	Name string
+	// HubDomain is the hub's JetStream domain, where STEWARD_EVENTS is
+	// sourced from.
+	HubDomain string
+	// Boxes, Hives and Machines are the keys whose events the site
+	// receives: join's boxes, credential's hives, provision's machines.
+	Boxes, Hives, Machines []string
+}
+
+// Check refuses a site whose name or hub domain is no single subject token,
+// whose name is its hub's, or whose keys are invalid or repeated.
+func (s Site) Check() error {
+	if err := CheckDomain(s.Name); err != nil {
+		return fmt.Errorf("site name: %w", err)
+	}
+	if err := CheckDomain(s.HubDomain); err != nil {
+		return fmt.Errorf("site %s: hub domain: %w", s.Name, err)
+	}
+	if s.Name == s.HubDomain {
+		// Two JetStreams of one name across a leaf link answer each
+		// other's requests; nats-server only guards some forms of it.
+		return fmt.Errorf("site %s: its name is the hub's domain; a site's domain must differ from the hub's", s.Name)
+	}
+	for kind, keys := range map[string][]string{"box": s.Boxes, "hive": s.Hives, "machine": s.Machines} {
+		seen := make(map[string]bool, len(keys))
+		for _, k := range keys {
+			if err := CheckKey(k); err != nil {
+				return fmt.Errorf("site %s: %s: %w", s.Name, kind, err)
+			}
+			if seen[k] {
+				return fmt.Errorf("site %s: %s %s is listed twice", s.Name, kind, k)
+			}
+			seen[k] = true
+		}
+	}
+	return nil
+}
+
+// EventSubjects are the subjects of STEWARD_EVENTS a site receives: every
+// site's (releases, host floors) and those of its own keys, sorted. Each is
+// a literal subject, so no two overlap, and the hub's source consumer
+// filters on exactly these.
+func (s Site) EventSubjects() []string {
+	subjects := []string{
+		EventsPrefix + ".release.published",
+		EventsPrefix + ".hostfloor.published",
+	}
+	for _, k := range s.Boxes {
+		subjects = append(subjects, EventsPrefix+".invitation.written."+k)
+	}
+	for _, k := range s.Hives {
+		subjects = append(subjects, EventsPrefix+".credential.rotated."+k)
+	}
+	for _, k := range s.Machines {
+		subjects = append(subjects, EventsPrefix+".grant.changed."+k)
+	}
+	slices.Sort(subjects)
+	return slices.Compact(subjects)
+}
+
+// SiteLinkDenied are the subjects a site's leaf link carries in neither
+// direction: all of Steward's. Events, outcomes and dead letters cross only
+// as JetStream sourcing (the $JS subjects), so a publish is stored and
+// acknowledged by one stream; stored notices and control messages are each
+// side's own, so the hub's notices never wake a site's reader for an event
+// it does not hold yet.
+func SiteLinkDenied() []string { return []string{"steward.>"} }
+
+// SiteConsumer is the name of the durable consumer the hub's
+// STEWARD_EVENTS keeps for site: what the site's STEWARD_EVENTS sources
+// through, so the hub holds each site's position (its lag is the
+// consumer's pending count) and a site coming back resets it rather than
+// creating one afresh.
+func SiteConsumer(site string) string { return "site-" + site }
+
+// siteDeliverSubject is where the hub's consumer for site delivers: a
+// subject outside steward.>, which the link does not carry.
+func siteDeliverSubject(site string) string { return "_STEWARD_SITE." + site + ".events" }
+
+// SiteConsumerConfig is the hub's durable consumer for site s: filtered to
+// the site's subjects, from the first event kept, acknowledged by flow
+// control, as nats-server's durable sourcing requires (2.14 or later).
+func SiteConsumerConfig(s Site) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:        SiteConsumer(s.Name),
+		Description:    "the events of site " + s.Name + ", sourced by its leaf node",
+		DeliverSubject: siteDeliverSubject(s.Name),
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		AckPolicy:      jetstream.AckFlowControlPolicy,
+		FlowControl:    true,
+		// nats-server requires the sourcing heartbeat, one second.
+		IdleHeartbeat:  time.Second,
+		MaxAckPending:  siteMaxAckPending,
+		FilterSubjects: s.EventSubjects(),
+	}
+}
+
+// SiteOfConsumer returns the site a consumer of the hub's STEWARD_EVENTS
+// serves, when it is one SiteConsumerConfig made.
+func SiteOfConsumer(cfg jetstream.ConsumerConfig) (string, bool) {
+	site, ok := strings.CutPrefix(cfg.Durable, "site-")
+	if !ok || CheckDomain(site) != nil || cfg.DeliverSubject != siteDeliverSubject(site) {
+		return "", false
+	}
+	return site, true
+}
+
+// siteMaxAckPending bounds what the hub sends a site ahead of its flow
+// control: a catch-up after a cut streams in windows of this many events.
+const siteMaxAckPending = 10_000
+
+// SiteStreamConfigs are a site's three streams, in its own domain, with
+// c's limits. STEWARD_EVENTS has no subjects of its own: it only sources
+// the hub's, through the hub's consumer for the site (SiteConsumerConfig,
+// filtered to the site's subjects), so a publish to steward.events.> is
+// stored (and acknowledged) at the hub alone, and the stored notices
+// stream-reading workers wake on are republished at the site when an event
+// arrives there. Outcomes and dead letters are written at the site, where
+// its workers are, and sourced by the hub (HubSiteSource).
+func SiteStreamConfigs(c StreamConfig, s Site) []jetstream.StreamConfig {
+	configs := c.StreamConfigs()
+	for i := range configs {
+		sc := &configs[i]
+		if sc.Name != StreamEvents {
+			sc.Description += ", at site " + s.Name
+			continue
+		}
+		sc.Subjects = nil
+		sc.Sources = []*jetstream.StreamSource{{
+			Name: StreamEvents, Domain: s.HubDomain,
+			Consumer: &jetstream.StreamConsumerSource{Name: SiteConsumer(s.Name), DeliverSubject: siteDeliverSubject(s.Name)},
+		}}
+		sc.Description = "Steward state changes for site " + s.Name + ", sourced from the hub"
+	}
+	return configs
+}
+
+// HubSiteSource is the source a hub stream (STEWARD_OUTCOMES or
+// STEWARD_DLQ) takes from the stream of the same name at site.
+func HubSiteSource(stream, site string) *jetstream.StreamSource {
+	return &jetstream.StreamSource{Name: stream, External: &jetstream.ExternalStream{APIPrefix: domainAPIPrefix(site)}}
+}
+
+// domainAPIPrefix is the JetStream API prefix of domain, as nats.go writes
+// a source's Domain into its External on creation: what a stream read back
+// from the server carries.
+func domainAPIPrefix(domain string) string { return "$JS." + domain + ".API" }
+
+// SiteOf returns the site a hub stream's source comes from, when it is one
+// HubSiteSource made.
+func SiteOf(src *jetstream.StreamSource, stream string) (string, bool) {
+	if src == nil || src.Name != stream || src.External == nil {
+		return "", false
+	}
+	site, ok := strings.CutPrefix(src.External.APIPrefix, "$JS.")
+	if !ok {
+		return "", false
+	}
+	site, ok = strings.CutSuffix(site, ".API")
+	return site, ok && CheckDomain(site) == nil
+}
+
+// SetupSite creates or updates a site's streams and checkpoint bucket in
+// its domain (siteJS), with cfg's limits, and adds the site's outcomes and
+// dead letters to the hub's streams as sources (hubJS). It is the
+// operator's act (`steward site setup`); the hub's own streams must exist
+// (`steward setup` at the hub).
+func SetupSite(ctx context.Context, siteJS, hubJS jetstream.JetStream, cfg BusConfig, s Site) error {
+	if err := s.Check(); err != nil {
+		return err
+	}
+	if err := cfg.Streams.Check(); err != nil {
+		return err
+	}
+	if cfg.CheckpointMaxBytes < 1 || cfg.CheckpointMaxValueSize < 1 {
+		return fmt.Errorf("checkpoint max bytes %d and max value size %d: want both positive", cfg.CheckpointMaxBytes, cfg.CheckpointMaxValueSize)
+	}
+	// The hub's consumer first: the site's source resets it, and finds
+	// nothing to reset before it exists.
+	if _, err := hubJS.CreateOrUpdatePushConsumer(ctx, StreamEvents, SiteConsumerConfig(s)); err != nil {
+		return fmt.Errorf("site %s: create or update the hub's consumer %s: %w", s.Name, SiteConsumer(s.Name), describeCreateError(err))
+	}
+	for _, sc := range SiteStreamConfigs(cfg.Streams, s) {
+		if _, err := siteJS.CreateOrUpdateStream(ctx, sc); err != nil {
+			return fmt.Errorf("site %s: create or update stream %s: %w", s.Name, sc.Name, describeCreateError(err))
+		}
+	}
+	if _, err := siteJS.CreateOrUpdateKeyValue(ctx, cfg.bucketConfig()); err != nil {
+		return fmt.Errorf("site %s: create or update KV bucket %s: %w", s.Name, CheckpointBucket, describeCreateError(err))
+	}
+	for _, name := range []string{StreamOutcomes, StreamDLQ} {
+		if err := addHubSource(ctx, hubJS, name, s.Name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// addHubSource adds the site's stream of the same name to the hub's stream
+// name as a source, keeping every other source and setting.
+func addHubSource(ctx context.Context, hubJS jetstream.JetStream, name, site string) error {
+	st, err := hubJS.Stream(ctx, name)
+	if err != nil {
+		return fmt.Errorf("site %s: the hub's stream %s: %w; create the hub's streams first with `steward setup` at the hub", site, name, err)
+	}
+	cfg := st.CachedInfo().Config
+	for _, src := range cfg.Sources {
+		if got, ok := SiteOf(src, name); ok && got == site {
+			return nil
+		}
+	}
+	cfg.Sources = append(cfg.Sources, HubSiteSource(name, site))
+	if _, err := hubJS.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("site %s: add the site's %s as a source of the hub's: %w", site, name, describeCreateError(err))
+	}
+	return nil
+}
