@@ -288,7 +288,7 @@ func TestSitesConvergeThroughACut(t *testing.T) {
 				Types:    []string{events.TypeCredentialRotated},
 				Rank:     func(_ context.Context, d *workers.Delivery) (uint64, error) { return version(d) },
 			}
-			w, err := workers.New(ctx, conns[i%len(conns)], spec, workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+			w, err := workers.New(conns[i%len(conns)], spec, workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
 				v, err := version(d)
 				if err != nil {
 					return workers.Refused(err)

@@ -20,7 +20,7 @@ const DefaultHubDomain = "hub"
 // nats-server builds $JS.<domain>.API from it. It is the key's rule, so a
 // site's name is also a safe file and server name.
 func CheckDomain(domain string) error {
-	if !keyPattern.MatchString(domain) {
+	if !isKey(domain) {
 		return fmt.Errorf("JetStream domain %q: want one subject token, matching %s", domain, KeyPattern)
 	}
 	return nil
