@@ -381,10 +381,16 @@ func TestSitesConvergeThroughACut(t *testing.T) {
 		t.Errorf("during the cut the hub reports site A linked %v, %d behind, site B linked %v, %d behind; want A unlinked and %d behind, B linked and 0",
 			a.Linked, a.Pending, bb.Linked, bb.Pending, behind)
 	}
-	// Holding the cut is the scenario itself, not a wait for a condition.
-	if rest := siteCut - time.Since(cutAt); rest > 0 {
-		time.Sleep(rest)
-	}
+	// The cut lasts siteCut, and through all of it site A must not move:
+	// watched, not slept through.
+	waitFor(t, "the cut has lasted its length with site A held back", siteCut+time.Minute, func() (bool, string) {
+		for _, hive := range hives["site-a"] {
+			if v := ledger["site-a"].last(hive); v != 1 {
+				t.Fatalf("%s reached version %d during the cut: the cut let events through", hive, v)
+			}
+		}
+		return time.Since(cutAt) >= siteCut, "cut for " + time.Since(cutAt).Round(time.Second).String()
+	})
 	proxy.heal(t)
 	healedAt := time.Now()
 	cut := healedAt.Sub(cutAt)

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/workers/workertest"
 )
 
 func testSite() events.Site {
@@ -155,19 +156,8 @@ func leafPair(t *testing.T) (hub, leaf *server.Server) {
 		ReconnectInterval: 100 * time.Millisecond,
 		Remotes:           []*server.RemoteLeafOpts{{URLs: []*url.URL{u}, DenyImports: deny, DenyExports: deny}},
 	}})
-	waitUntil(t, "the leaf is linked", func() bool { return leaf.NumLeafNodes() == 1 && hub.NumLeafNodes() == 1 })
+	workertest.WaitUntil(t, "the leaf is linked", func() bool { return leaf.NumLeafNodes() == 1 && hub.NumLeafNodes() == 1 })
 	return hub, leaf
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(10 * time.Millisecond) // polling a condition, with a deadline
-	}
 }
 
 func connectTo(t *testing.T, s *server.Server, domain string) (*nats.Conn, jetstream.JetStream) {
@@ -236,7 +226,7 @@ func TestSetupSiteSourcesTheHubAndBack(t *testing.T) {
 			t.Errorf("publish acknowledged by domain %q, want the hub's alone", ack.Domain)
 		}
 	}
-	waitUntil(t, "the site holds its hive's event", func() bool {
+	workertest.WaitUntil(t, "the site holds its hive's event", func() bool {
 		st, err := siteJS.Stream(ctx, events.StreamEvents)
 		if err != nil {
 			return false
@@ -289,7 +279,7 @@ func TestSetupSiteSourcesTheHubAndBack(t *testing.T) {
 	if ack.Domain != "site-a" || ack.Stream != events.StreamOutcomes {
 		t.Errorf("outcome acknowledged by %s in %q, want the site's", ack.Stream, ack.Domain)
 	}
-	waitUntil(t, "the hub holds the site's outcome", func() bool {
+	workertest.WaitUntil(t, "the hub holds the site's outcome", func() bool {
 		s, err := hubJS.Stream(ctx, events.StreamOutcomes)
 		if err != nil {
 			return false

@@ -20,6 +20,7 @@ import (
 	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/converge"
+	"github.com/steward-dev/steward/workers/workertest"
 )
 
 // credsIdentity connects with a credentials file and its .dockey, as the
@@ -152,18 +153,12 @@ func post(t *testing.T, base, token string) int {
 // waitReady waits until /readyz answers 200: the worker is consuming.
 func waitReady(t *testing.T, base string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	workertest.WaitUntil(t, base+"/readyz answers 200", func() bool {
 		resp, err := http.Get(base + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz not 200 after 30s: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
 }
