@@ -369,11 +369,6 @@ func TestSitesConvergeThroughACut(t *testing.T) {
 	waitFor(t, "site A's leaf node is healthy again", time.Minute, func() (bool, string) {
 		return httpOK(fmt.Sprintf("http://127.0.0.1:%d/healthz?js-enabled-only=true", siteA.httpPort))
 	})
-	for _, hive := range hives["site-a"] {
-		if v := ledger["site-a"].last(hive); v != 1 {
-			t.Fatalf("%s is at version %d during the cut: the cut let events through", hive, v)
-		}
-	}
 	// The hub says which site is behind, and by how much.
 	behind := uint64((rounds - 1) * perSite)
 	during := siteStatus(t, hub.url())
