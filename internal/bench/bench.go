@@ -4,7 +4,8 @@
 //
 //   - the runtime, running a no-op worker whose Spec is not latest-wins, so
 //     every event reaches the handler and is checkpointed and confirmed, on
-//     the streams `steward setup` makes (events.SetupBus);
+//     the streams `steward setup` makes (events.SetupBus), and the same
+//     worker emitting a signed outcome for every event, as real workers do;
 //   - raw pull consumers on a plain stream, made as a nats.go user makes
 //     one (Layout Plain): one acking each event fire-and-forget (Ack), one
 //     confirming each ack serially (DoubleAck), and the same serial
@@ -120,6 +121,7 @@ func allPaths(external string) []path {
 	costs := func(o Options) bool { return o.StreamCosts }
 	return []path{
 		{name: runtimePath, measure: (*Env).Runtime, into: func(r *Round) *Measure { return &r.Runtime }},
+		{name: outcomePath, measure: (*Env).RuntimeOutcome, into: func(r *Round) *Measure { return &r.RuntimeOutcome }},
 		rawPath(Ack, Plain, func(r *Round) *Measure { return &r.RawAck }, nil),
 		rawPath(DoubleAck, Plain, func(r *Round) *Measure { return &r.RawDouble }, nil),
 		rawPath(ValidatingDoubleAck, Plain, func(r *Round) *Measure { return &r.RawValidating }, nil),

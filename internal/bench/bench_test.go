@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/proof"
 )
 
 // TestRunMeasuresEveryPath proves a small run handles every event on each
@@ -56,7 +57,10 @@ func TestRunMeasuresEveryPath(t *testing.T) {
 		}
 	}
 	report := res.String()
-	for _, want := range []string{"/event", "published", "runtime / test child p99 handler", "raw Ack against itself on STEWARD_EVENTS-shaped"} {
+	if cpu && res.OutcomeCPU() <= 0 {
+		t.Fatalf("outcome CPU ratio %v", res.OutcomeCPU())
+	}
+	for _, want := range []string{"/event", "published", "runtime / test child p99 handler", "raw Ack against itself on STEWARD_EVENTS-shaped", "runtime emitting an outcome / runtime CPU per event"} {
 		if !strings.Contains(report, want) {
 			t.Fatalf("the report leaves out %q:\n%s", want, report)
 		}
@@ -140,6 +144,39 @@ func TestMedians(t *testing.T) {
 	want := Measure{Events: 5, PerSecond: 20, Handler: Latency{P50: 2, P99: 8}, Settled: Latency{P50: 3, P99: 20}}
 	if got := medianMeasure(ms); got != want {
 		t.Fatalf("median measure %+v, want %+v (each figure's own median)", got, want)
+	}
+}
+
+// TestOutcomePathStoresASignedOutcomePerEvent proves the outcome path
+// measures what it says: every event's handler emitted an outcome that
+// STEWARD_OUTCOMES stored, signed, before the event settled.
+func TestOutcomePathStoresASignedOutcomePerEvent(t *testing.T) {
+	env, err := Start(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	const n = 120
+	if m, err := env.RuntimeOutcome(context.Background(), Options{Events: n, Timeout: time.Minute}); err != nil || m.Events != n {
+		t.Fatalf("outcome path: %+v, %v", m, err)
+	}
+	s, err := env.pubJS.Stream(context.Background(), events.StreamOutcomes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != n {
+		t.Fatalf("STEWARD_OUTCOMES holds %d outcomes, want one for each of the %d events", info.State.Msgs, n)
+	}
+	first, err := s.GetMsg(context.Background(), info.State.FirstSeq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Header.Get(proof.Header) == "" {
+		t.Fatalf("the outcome on %s carries no %s: it was not signed", first.Subject, proof.Header)
 	}
 }
 

@@ -50,6 +50,8 @@ func (m Measure) Line(name string) string {
 // have no layout in their name.
 type Round struct {
 	Runtime Measure
+	// RuntimeOutcome is the runtime whose handler emits an outcome.
+	RuntimeOutcome Measure
 	// RawAck, RawDouble and RawValidating read the plain stream.
 	RawAck        Measure
 	RawDouble     Measure
@@ -103,6 +105,13 @@ func (r Round) ValidatingHandlerRatio() float64 {
 // external path's (Watermill's), zero when it was not run.
 func (r Round) ExternalHandlerRatio() float64 {
 	return ratio(float64(r.Runtime.Handler.P99), float64(r.External.Handler.P99))
+}
+
+// OutcomeCPU is the CPU per event of the runtime emitting an outcome as a
+// multiple of the runtime's without: what signing and publishing an
+// outcome adds.
+func (r Round) OutcomeCPU() float64 {
+	return ratio(float64(r.RuntimeOutcome.CPU), float64(r.Runtime.CPU))
 }
 
 // Cost compares the raw Ack path on one layout with the same path on the
@@ -171,6 +180,9 @@ func (r Result) ValidatingHandlerRatio() float64 { return r.median(Round.Validat
 // ExternalHandlerRatio is the median over the rounds of the runtime's p99
 // publish-to-handler over the external path's.
 func (r Result) ExternalHandlerRatio() float64 { return r.median(Round.ExternalHandlerRatio) }
+
+// OutcomeCPU is the median over the rounds of Round.OutcomeCPU.
+func (r Result) OutcomeCPU() float64 { return r.median(Round.OutcomeCPU) }
 
 // Cost is the median over the rounds of each figure of Round.Cost.
 func (r Result) Cost(l Layout) Cost {
@@ -253,6 +265,9 @@ func (r Result) String() string {
 	if r.ExternalName != "" {
 		out += fmt.Sprintf("runtime / %s p99 handler: %.2f\n", r.ExternalName, r.ExternalHandlerRatio())
 	}
+	if r.Round.RuntimeOutcome.Events > 0 {
+		out += fmt.Sprintf("runtime emitting an outcome / runtime CPU per event: %.2f\n", r.OutcomeCPU())
+	}
 	if costs := r.costsRun(); len(costs) > 0 {
 		out += fmt.Sprintf("raw Ack against itself on %s: rates as multiples of its, p99 handler and CPU per event as fractions of its\n", Shaped)
 		for _, l := range costs {
@@ -272,6 +287,9 @@ func (r Result) String() string {
 			each(Round.Ratio), each(Round.ShapedRatio), each(Round.SettledRatio), each(Round.HandlerRatio), each(Round.ValidatingHandlerRatio))
 		if r.ExternalName != "" {
 			out += fmt.Sprintf("; p99 handler, %s %s", r.ExternalName, each(Round.ExternalHandlerRatio))
+		}
+		if r.Round.RuntimeOutcome.Events > 0 {
+			out += fmt.Sprintf("; outcome CPU %s", each(Round.OutcomeCPU))
 		}
 		for _, l := range r.costsRun() {
 			out += fmt.Sprintf("; %s %s (CPU %s)", l, each(func(x Round) float64 { return x.Cost(l).Consume }),

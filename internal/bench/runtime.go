@@ -12,15 +12,39 @@ import (
 	"github.com/steward-dev/steward/workers"
 )
 
-// runtimePath names the runtime's path as the report, its progress lines
-// and errors do.
-const runtimePath = "runtime (no-op worker)"
+// runtimePath and outcomePath name the runtime's paths as the report, its
+// progress lines and errors do.
+const (
+	runtimePath = "runtime (no-op worker)"
+	outcomePath = "runtime, emitting an outcome"
+)
 
 // Runtime publishes the events to STEWARD_EVENTS and waits until the
 // runtime, running a worker whose handler does nothing, has settled every
 // one.
 func (e *Env) Runtime(ctx context.Context, o Options) (Measure, error) {
-	return e.consume(ctx, o, runtimePath, events.StreamEvents, nil, func(ctx context.Context, t *tracker) (func(), error) {
+	return e.runtime(ctx, o, runtimePath, false)
+}
+
+// RuntimeOutcome is Runtime with a handler that emits one outcome per
+// event, as every real worker does: the outcome is signed by the
+// instance's key (docs/design.md §7) and published to STEWARD_OUTCOMES with
+// a confirmed publish before the handler returns, so what signing and
+// storing an outcome cost shows against Runtime in the same run.
+func (e *Env) RuntimeOutcome(ctx context.Context, o Options) (Measure, error) {
+	return e.runtime(ctx, o, outcomePath, true)
+}
+
+// benchApplied is the outcome RuntimeOutcome's handler emits: about the
+// size of a real worker's (credential.applied carries a version and a
+// client id).
+type benchApplied struct {
+	Version  uint64 `json:"version"`
+	ClientID string `json:"clientId"`
+}
+
+func (e *Env) runtime(ctx context.Context, o Options, name string, emit bool) (Measure, error) {
+	return e.consume(ctx, o, name, events.StreamEvents, nil, func(ctx context.Context, t *tracker) (func(), error) {
 		spec := workers.Spec{
 			Name: "bench", Instance: "run" + strconv.Itoa(e.runs),
 			Subjects: []string{events.EventsPrefix + ".credential.rotated.>"},
@@ -33,8 +57,11 @@ func (e *Env) Runtime(ctx context.Context, o Options) (Measure, error) {
 		if o.Concurrency > 0 {
 			opts = append(opts, workers.WithConcurrency(o.Concurrency))
 		}
-		w, err := workers.New(e.subJS, spec, workers.HandlerFunc(func(_ context.Context, d *workers.Delivery) error {
+		w, err := workers.New(e.subJS, spec, workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
 			t.handle(d.Event.ID())
+			if emit {
+				return d.Emit(ctx, "applied", benchApplied{Version: d.Sequence, ClientID: "bench"})
+			}
 			return nil
 		}), opts...)
 		if err != nil {
