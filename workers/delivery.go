@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/trace"
 
@@ -208,7 +207,7 @@ func (b *runtimeBackend) Emit(ctx context.Context, e event.Event) error {
 	if err := events.SignMessage(msg, events.StreamOutcomes, b.in.o.domain, b.in.o.signer, events.OutcomeProofContent(e)); err != nil {
 		return err
 	}
-	if _, err = b.in.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(events.StreamOutcomes)); err != nil {
+	if _, err = b.in.streams.publish(ctx, msg, events.StreamOutcomes); err != nil {
 		return err
 	}
 	b.in.m.emitted(b.in.spec.OutcomeNoun, e.Type(), e.Data())

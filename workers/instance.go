@@ -29,6 +29,9 @@ type instance struct {
 	m       *instanceMetrics
 	tracer  trace.Tracer
 	backend *runtimeBackend
+	// streams is what the engine publishes to and reads back beyond its
+	// source (streams.go).
+	streams streams
 	// handlerCtx outlives the Run context by the shutdown grace, so
 	// in-flight handlers finish what they started (set by Run).
 	handlerCtx context.Context

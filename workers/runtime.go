@@ -31,9 +31,10 @@ type Runtime struct {
 	// src is where the events come from (source.go).
 	src   source
 	store *events.Store
-	// stream is STEWARD_EVENTS, bound by Ensure, for the order scan.
-	stream jetstream.Stream
-	state  *State
+	// jetStreams is the instance's streams on the server, whose
+	// STEWARD_EVENTS Ensure binds for the order scan.
+	jetStreams *jetStreams
+	state      *State
 
 	running  atomic.Bool
 	stopping atomic.Bool
@@ -140,14 +141,16 @@ func newRuntime(js jetstream.JetStream, spec Spec, h Handler, o options, opts []
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
+	onServer := &jetStreams{js: js}
 	in := &instance{
-		spec: spec, o: o, js: js,
+		spec: spec, o: o, js: js, streams: onServer,
 		log:    o.logger.With().Str("worker", spec.Name).Str("instance", spec.Instance).Logger(),
 		m:      newMetrics(o.registerer).forInstance(spec.Name, spec.Instance),
 		tracer: tp.Tracer(tracing.Scope),
 	}
 	w := &Runtime{
 		instance:     in,
+		jetStreams:   onServer,
 		ephemeralKey: ephemeral,
 		cps:          newCheckpointStore(spec.Name, spec.Instance),
 		sem:          make(chan struct{}, o.concurrency),
@@ -202,7 +205,7 @@ func (w *Runtime) Ensure(ctx context.Context) error {
 	if err := w.bindStore(ctx, kv); err != nil {
 		return err
 	}
-	w.stream = stream
+	w.jetStreams.events = stream
 	if w.ephemeralKey {
 		w.log.Warn().Msg("no document key configured: this instance signs what it stores with a key that lives only in this process, so after a restart its checkpoints do not verify and each key's events are decided again (give it credentials from steward creds issue, which make one)")
 	}

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
 
@@ -162,12 +161,12 @@ func (st *settler) deadLetter(h *held, reason error, log zerolog.Logger) string 
 		Reason:     msg,
 		Header:     h.msg.Headers(),
 		Data:       h.msg.Data(),
-		MaxBytes:   st.letterLimit(ctx),
+		MaxBytes:   st.streams.letterLimit(ctx),
 		Signer:     st.o.signer,
 		Domain:     st.o.domain,
 	})
 	log = log.With().Str("digest", digest).Logger()
-	ack, err := st.js.PublishMsg(ctx, letter, jetstream.WithExpectStream(events.StreamDLQ))
+	ack, err := st.streams.publish(ctx, letter, events.StreamDLQ)
 	if err != nil {
 		log.Error().Err(err).Msg("the DLQ could not be written; the event is kept and redelivered instead of dropped, and later events of its key wait for it")
 		return st.keep(h, log)
@@ -208,11 +207,7 @@ func (st *settler) deadLetter(h *held, reason error, log zerolog.Logger) string 
 // original, digest, kept headers and data): the reason and delivery count
 // may differ between two deliveries of one event.
 func (st *settler) ownLetter(ctx context.Context, seq uint64, header map[string][]string, data []byte) error {
-	s, err := st.js.Stream(ctx, events.StreamDLQ)
-	if err != nil {
-		return fmt.Errorf("read back the stored letter: stream %s: %w", events.StreamDLQ, err)
-	}
-	m, err := s.GetMsg(ctx, seq)
+	m, err := st.streams.letter(ctx, seq)
 	if err != nil {
 		return fmt.Errorf("read back the stored letter at %s sequence %d: %w", events.StreamDLQ, seq, err)
 	}
@@ -244,21 +239,6 @@ func (st *settler) keep(h *held, log zerolog.Logger) string {
 		st.cps.forget(h.lane)
 	}
 	return st.nakLater(h, log)
-}
-
-// letterLimit is the largest dead letter that can be stored: the server's
-// max payload, or the DLQ's own message size limit when that is smaller.
-func (st *settler) letterLimit(ctx context.Context) int {
-	limit := 1 << 20
-	if nc := st.js.Conn(); nc != nil && nc.MaxPayload() > 0 {
-		limit = int(nc.MaxPayload())
-	}
-	if s, err := st.js.Stream(ctx, events.StreamDLQ); err == nil {
-		if n := int(s.CachedInfo().Config.MaxMsgSize); n > 0 && n < limit {
-			limit = n
-		}
-	}
-	return limit
 }
 
 // nakLater hands an event that could not be settled back to the server for
