@@ -427,7 +427,7 @@ func TestSitesConvergeThroughACut(t *testing.T) {
 			twice++
 			t.Errorf("event %s has outcomes %v at the hub, want one", id, outcomes[id])
 		}
-		if outcomes[id][0] == events.OutcomeType("credential", workers.OutcomeSuperseded) {
+		if outcomes[id][0] == events.OutcomeType("credential", events.OutcomeSuperseded) {
 			superseded++
 		}
 	}

@@ -50,15 +50,6 @@ const (
 // DLQSubject is where a worker instance's dead letters go.
 func DLQSubject(worker, instance string) string { return DLQPrefix + "." + worker + "." + instance }
 
-// OutcomeSubject is where a worker instance's outcomes go.
-func OutcomeSubject(worker, instance string) string {
-	return OutcomesPrefix + "." + worker + "." + instance
-}
-
-// OutcomeType is the CloudEvents type of an outcome:
-// dev.steward.<noun>.<outcome>.v1.
-func OutcomeType(noun, outcome string) string { return "dev.steward." + noun + "." + outcome + ".v1" }
-
 // KeptHeader says whether a dead letter keeps a header of the original
 // event: the CloudEvents attributes (ce-*) and the data's content type.
 // JetStream's own headers (Nats-Msg-Id, Nats-Expected-*, Nats-Rollup, ...)

@@ -245,7 +245,7 @@ func headerValue(h nats.Header, name string) string {
 // VerifyOutcome checks the proof in h of the outcome e, stored on subject
 // in STEWARD_OUTCOMES (data is the stored payload), as written by the
 // instance subject names. An outcome a replay emitted (the replay
-// extension, workers.ReplayExtension) may be the operator's too: a replay
+// extension, events.ReplayExtension) may be the operator's too: a replay
 // publishes on the instance's subject as whoever runs it, and the
 // operator may write anywhere.
 func VerifyOutcome(v *proof.Verifier, domain, subject string, h nats.Header, data []byte, e event.Event) error {

@@ -59,23 +59,9 @@ type Spec struct {
 	// Unchanged names the outcomes by which the handler says it found
 	// nothing to change (a stale version skipped, a box already armed, a
 	// floor already kept). A replayed event whose handler returned nil and
-	// emitted only these (or OutcomeSuperseded) is ReplayUnchanged rather
+	// emitted only these (or events.OutcomeSuperseded) is ReplayUnchanged rather
 	// than ReplayApplied.
 	Unchanged []string
-}
-
-// OutcomeSuperseded is the outcome the runtime emits for an event settled
-// unapplied because a newer verified event of its key was queued behind it.
-const OutcomeSuperseded = "superseded"
-
-// Superseded is the data of a superseded outcome.
-type Superseded struct {
-	Key                  string `json:"key"`
-	EventID              string `json:"eventId"`
-	Sequence             uint64 `json:"sequence"`
-	SupersededBy         string `json:"supersededBy"`
-	SupersededBySequence uint64 `json:"supersededBySequence"`
-	Reason               string `json:"reason"`
 }
 
 // Defaults of the runtime's options.

@@ -19,10 +19,10 @@ import (
 // Delivery is one event handed to a Handler, with what the runtime knows of
 // it and the means to save progress and report outcomes.
 //
-// Everything a Delivery does beyond its own event goes through a Backend:
-// the runtime's writes to JetStream and its checkpoint bucket, while
-// workertest's keeps outcomes, stages and state in memory, so a handler
-// runs in a test with no server (NewDelivery).
+// Everything a Delivery does beyond its own event goes through its
+// backend: the runtime's writes to its streams and checkpoint bucket, on
+// JetStream or, under workertest, in memory; a replay's marks and
+// publishes its outcomes and saves no stage.
 type Delivery struct {
 	// Event has passed validation: a known type, data that meets its
 	// schema, a valid key.
@@ -37,7 +37,7 @@ type Delivery struct {
 	// Never log secrets through it.
 	Log zerolog.Logger
 
-	backend Backend
+	backend backend
 	// name, instance and noun are the Spec's, for outcome ids and types.
 	name, instance, noun string
 	now                  func() time.Time
@@ -49,11 +49,10 @@ type Delivery struct {
 	cpRev uint64
 }
 
-// Backend is what a Delivery acts through: where outcomes go, where a
-// stage is kept and the worker instance's state. The runtime's is JetStream
-// and the checkpoint bucket; workertest's is memory. A Backend serves one
-// worker instance and may be called from several handlers at once.
-type Backend interface {
+// backend is what a Delivery acts through: where outcomes go, where a
+// stage is kept and the worker instance's state. One serves one worker
+// instance and may be called from several handlers at once.
+type backend interface {
 	// Emit stores an outcome Delivery.Emit built (its id, type, source,
 	// subject, time, causation and data are set): the runtime publishes it
 	// on the instance's outcome subject, deduplicated by its id.
@@ -64,34 +63,6 @@ type Backend interface {
 	SaveStage(ctx context.Context, d *Delivery, stage json.RawMessage) error
 	// State is the worker instance's durable state.
 	State() *State
-}
-
-// NewDelivery returns the Delivery of event e, stored at sequence seq, for
-// a worker of spec acting through b. attempt counts deliveries (1 for the
-// first); stage is what an earlier delivery of the same event saved (nil:
-// none), which LoadStage returns. The Key is spec.OrderKey's (the event's
-// subject attribute by default) and Log discards until set.
-//
-// It is for running a handler outside the runtime, as workertest does; the
-// runtime makes its own. Validation is the caller's: a handler may rely on
-// the event having passed events.Validate and being of one of spec.Types.
-func NewDelivery(spec Spec, e event.Event, seq, attempt uint64, stage json.RawMessage, b Backend) *Delivery {
-	key := e.Subject()
-	if spec.OrderKey != nil {
-		key = spec.OrderKey(e)
-	}
-	noun := spec.OutcomeNoun
-	if noun == "" {
-		noun = spec.Name
-	}
-	d := &Delivery{
-		Event: e, Key: key, Sequence: seq, Attempt: max(attempt, 1), Log: zerolog.Nop(),
-		backend: b, name: spec.Name, instance: spec.Instance, noun: noun, now: time.Now,
-	}
-	if len(stage) > 0 {
-		d.cp = checkpoint{StageSeq: seq, Stage: append(json.RawMessage(nil), stage...)}
-	}
-	return d
 }
 
 // DataAs decodes the event's data into v. The schema has already refused
@@ -186,7 +157,7 @@ func (d *Delivery) outcome(outcome string, data any) (event.Event, error) {
 	return e, nil
 }
 
-// runtimeBackend is the consumer's Backend: outcomes on JetStream, stages
+// runtimeBackend is the consumer's backend: outcomes on JetStream, stages
 // in the key's checkpoint. One serves every delivery of the instance, so a
 // delivery costs no allocation for it.
 type runtimeBackend struct {
@@ -207,7 +178,7 @@ func (b *runtimeBackend) Emit(ctx context.Context, e event.Event) error {
 	if err := events.SignMessage(msg, events.StreamOutcomes, b.in.o.domain, b.in.o.signer, events.OutcomeProofContent(e)); err != nil {
 		return err
 	}
-	if _, err = b.in.streams.publish(ctx, msg, events.StreamOutcomes); err != nil {
+	if _, err = b.in.streams.Publish(ctx, msg, events.StreamOutcomes); err != nil {
 		return err
 	}
 	b.in.m.emitted(b.in.spec.OutcomeNoun, e.Type(), e.Data())

@@ -21,7 +21,7 @@ whatever failed or restarted in between, and nobody has to redrive it.
     dead-letter stream with err as the reason, on the first delivery.
   - any other error: retried, in this process and without a redelivery,
     with capped exponential backoff and jitter (from half a second up to
-    DefaultMaxBackoff; WithBackoff changes it) for as long as it fails, until it applies or a
+    DefaultMaxBackoff; WithMaxBackoff changes it) for as long as it fails, until it applies or a
     newer verified event of its key supersedes it. The message stays held
     and heartbeated meanwhile, so no delivery count runs out.
   - a panic: caught and retried like an error, at most WithMaxPanics times,
@@ -40,7 +40,7 @@ not yet applied is superseded by a newer one of its key queued behind it:
 "newer" is the worker's own order (a generation, a version, a signed time)
 read from an event that passed the worker's verification, so an event that
 fails verification supersedes nothing. A superseded event is settled with a
-superseded outcome (OutcomeSuperseded), never applied after the newer one.
+superseded outcome (events.OutcomeSuperseded), never applied after the newer one.
 
 # Progress, state and replays
 
@@ -69,11 +69,11 @@ gives it `steward worker`, `steward replay` and a place in `steward dev`
 
 A handler only ever sees its Delivery: the event, its key, its attempt, and
 through it the means to emit outcomes, save a stage and read and write
-state. Those go through a Backend, which in production is JetStream and in
-tests is memory: package workertest runs one event, or a recorded stream
-that `steward export` wrote, through a handler with no server and returns
-what it did (outcomes, dead letters, stages, state), with the same result
-rules as the runtime. Example_customWorker is the tutorial: it writes a
+state. In production those are JetStream and the checkpoint bucket; in
+tests, package workertest runs one event, or a recorded stream that
+`steward export` wrote, through a handler with no server, on this
+package's own engine over a bucket and streams kept in memory, and returns
+what it did (outcomes, dead letters, stages, state). Example_customWorker is the tutorial: it writes a
 fifth worker, tests it with workertest and registers it.
 
 Outcomes are CloudEvents of type dev.steward.<noun>.<outcome>.v1 on

@@ -38,6 +38,13 @@ type keyedQueue struct {
 	// tasks): a claim adds to it under the lock, so shutdown, which stops
 	// the claims first, never waits on a count that is about to grow.
 	tasks *sync.WaitGroup
+	// maxFailures, when above 0, parks an event once its handler has
+	// failed that many times (panics apart, WithMaxPanics bounds those):
+	// it keeps its place and holds its key, and is never tried again. Only
+	// an engine in memory sets it (workertest's WithAttempts), where a
+	// failure retried for as long as it lasts would never let a test end;
+	// a worker retries desired state until it applies.
+	maxFailures uint64
 }
 
 func newKeyedQueue(latestWins bool, now func() time.Time, newBackoff func() backoff.BackOff, stopping *atomic.Bool, tasks *sync.WaitGroup) *keyedQueue {
@@ -219,6 +226,7 @@ func (q *keyedQueue) retry(l *lane, h *held, err error) (first bool) {
 		delay = 0
 	}
 	h.retryAt = now.Add(delay)
+	h.parked = q.maxFailures > 0 && h.attempts-uint64(h.panics) >= q.maxFailures
 	l.insert(h)
 	return h.attempts == 1
 }

@@ -50,9 +50,13 @@ func (l *lane) indexOf(seq uint64) int {
 }
 
 // blocked reports whether the lane must not run its head now, because an
-// earlier event of its key held elsewhere has not come back yet.
+// earlier event of its key held elsewhere has not come back yet, or the
+// head is parked (keyedQueue.maxFailures).
 func (l *lane) blocked() bool {
-	return l.waitFor != 0 && len(l.queue) > 0 && l.queue[0].seq > l.waitFor
+	if len(l.queue) == 0 {
+		return false
+	}
+	return l.queue[0].parked || (l.waitFor != 0 && l.queue[0].seq > l.waitFor)
 }
 
 // ready reports whether the head can be handled now with nothing done

@@ -53,19 +53,18 @@ func defaultOptions() options {
 		concurrency:    DefaultConcurrency,
 		shutdownGrace:  DefaultShutdownGrace,
 		replicas:       1,
-		newBackoff:     BackoffUpTo(DefaultMaxBackoff),
+		newBackoff:     backoffUpTo(DefaultMaxBackoff),
 		logger:         zerolog.Nop(),
 		registerer:     prometheus.DefaultRegisterer,
 		now:            time.Now,
 	}
 }
 
-// BackoffUpTo is the default retry policy with another cap than
-// DefaultMaxBackoff, for WithBackoff: exponential from half a second up to
-// limit with 50% jitter, and never giving up, so desired state held up by an
-// outage applies once the outage ends, and a failing dependency is not
-// hammered in lockstep.
-func BackoffUpTo(limit time.Duration) func() backoff.BackOff {
+// backoffUpTo is the retry policy with limit as its cap: exponential from
+// half a second (or limit, if less) up to limit with 50% jitter, and never
+// giving up, so desired state held up by an outage applies once the outage
+// ends, and a failing dependency is not hammered in lockstep.
+func backoffUpTo(limit time.Duration) func() backoff.BackOff {
 	return func() backoff.BackOff {
 		b := backoff.NewExponentialBackOff()
 		b.InitialInterval = min(500*time.Millisecond, limit)
@@ -131,11 +130,12 @@ func WithShutdownGrace(d time.Duration) Option { return func(o *options) { o.shu
 // streams the worker ensures (3 on a three-node cluster).
 func WithReplicas(n int) Option { return func(o *options) { o.replicas = n } }
 
-// WithBackoff sets the retry delays: each failing event gets a fresh
-// policy, and its n-th failure waits the policy's n-th interval. A policy
-// that returns backoff.Stop retries at once.
-func WithBackoff(newBackoff func() backoff.BackOff) Option {
-	return func(o *options) { o.newBackoff = newBackoff }
+// WithMaxBackoff caps the delay between two attempts of a failing event
+// (default DefaultMaxBackoff): each failing event waits exponentially
+// longer, from half a second or the cap if less, with 50% jitter, and is
+// tried for as long as it fails.
+func WithMaxBackoff(limit time.Duration) Option {
+	return func(o *options) { o.newBackoff = backoffUpTo(limit) }
 }
 
 // WithLogger sets the zerolog logger; the default discards.

@@ -33,7 +33,7 @@ func (w *Runtime) earlierUnsettled(ctx context.Context, h *held, applied uint64)
 		if seq >= h.seq {
 			return 0, nil
 		}
-		m, err := w.streams.eventAt(ctx, seq, h.msg.Subject())
+		m, err := w.streams.EventAt(ctx, seq, h.msg.Subject())
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return 0, nil
 		}
@@ -70,7 +70,7 @@ func (w *Runtime) orderWait() time.Duration {
 // attempts when a newer one exists anywhere. It returns the newer event's
 // id and sequence, or ok false.
 func (w *Runtime) newerStored(ctx context.Context, h *held) (id string, seq uint64, ok bool) {
-	m, err := w.streams.lastEvent(ctx, h.msg.Subject())
+	m, err := w.streams.LastEvent(ctx, h.msg.Subject())
 	if err != nil || m.Sequence <= h.seq {
 		return "", 0, false
 	}

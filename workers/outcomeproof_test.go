@@ -60,7 +60,7 @@ func TestOutcomesOfTheConsumerAndOfAReplayAreSigned(t *testing.T) {
 		t.Fatal(err)
 	}
 	outs := workertest.Outcomes(t, js, testWorker, sp.Instance)
-	if len(outs) != 2 || outs[1].Extensions()[workers.ReplayExtension] == nil {
+	if len(outs) != 2 || outs[1].Extensions()[events.ReplayExtension] == nil {
 		t.Fatalf("outcomes %v: want the live one and the replayed one", outs)
 	}
 	if ok, err := verifyStored(t, js, sp.Instance, "site-a"); ok != 2 || err != nil {

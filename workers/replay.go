@@ -26,22 +26,13 @@ type ReplayFrom struct {
 	Time     time.Time
 }
 
-// ReplayExtension is the CloudEvents extension attribute every outcome a
-// replay emits carries, set to true, beside ReplayIDExtension naming the
-// run: a console or `steward history` tells a replayed outcome from the
-// live consumer's, and one replay's from another's.
-const (
-	ReplayExtension   = "replay"
-	ReplayIDExtension = "replayid"
-)
-
 // What replaying one event did (ReplayResult.Verdict), by the runtime's
 // result rules.
 const (
 	// ReplayApplied: the handler returned nil.
 	ReplayApplied = "applied"
 	// ReplayUnchanged: the handler returned nil and said, by the outcomes it
-	// emitted (only Spec.Unchanged ones, or OutcomeSuperseded), that
+	// emitted (only Spec.Unchanged ones, or events.OutcomeSuperseded), that
 	// nothing needed changing.
 	ReplayUnchanged = "unchanged"
 	// ReplayRefused: the handler refused the event (Refused).
@@ -114,7 +105,7 @@ func (r *Replayer) ConsumerName() string { return r.w.consumerName() }
 // order. Checkpoints are neither read nor moved and stages are not saved:
 // the handler's own idempotency (installed version, applied generation,
 // ...) decides what a replayed event changes. Outcomes are published on the
-// instance's outcome subject marked with ReplayExtension, under ids of
+// instance's outcome subject marked with events.ReplayExtension, under ids of
 // their own (the live id and the run's), so the live history is never
 // mistaken for a replay nor deduplicated against one. A Permanent error is
 // reported, never dead-lettered. With dryRun nothing is handled: each event
@@ -189,7 +180,7 @@ func (w *Runtime) replay(ctx context.Context, from ReplayFrom, dryRun bool, tota
 // unchanged found nothing to do: that is how a replay tells "applied" from
 // "found nothing to do" without asking the handler anything new.
 func (w *Runtime) replayVerdict(err error, outcomes []string) string {
-	unchanged := func(o string) bool { return o == OutcomeSuperseded || slices.Contains(w.spec.Unchanged, o) }
+	unchanged := func(o string) bool { return o == events.OutcomeSuperseded || slices.Contains(w.spec.Unchanged, o) }
 	switch {
 	case err == nil && len(outcomes) > 0 && !slices.ContainsFunc(outcomes, func(o string) bool { return !unchanged(o) }):
 		return ReplayUnchanged
@@ -209,7 +200,7 @@ type replayRun struct {
 	id string
 }
 
-// replayEmitter is the Backend of one replayed event: outcomes are marked
+// replayEmitter is the backend of one replayed event: outcomes are marked
 // and published under the run's ids, their names recorded for the verdict;
 // no stage is saved, since a replay runs outside the consumer and must not
 // move what the consumer resumes from.
@@ -220,8 +211,8 @@ type replayEmitter struct {
 }
 
 func (b *replayEmitter) Emit(ctx context.Context, e event.Event) error {
-	e.SetExtension(ReplayExtension, true)
-	e.SetExtension(ReplayIDExtension, b.run.id)
+	e.SetExtension(events.ReplayExtension, true)
+	e.SetExtension(events.ReplayIDExtension, b.run.id)
 	e.SetID(e.ID() + "-replay-" + b.run.id)
 	if err := b.run.w.backend.Emit(ctx, e); err != nil {
 		return err

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/steward-dev/steward/events"
@@ -130,16 +129,8 @@ func (d *dependency) calls() int {
 	return d.attempts
 }
 
-// cappedBackoff is a real exponential backoff with a short cap.
-func cappedBackoff(limit time.Duration) workers.Option {
-	return workers.WithBackoff(func() backoff.BackOff {
-		b := backoff.NewExponentialBackOff()
-		b.InitialInterval = 10 * time.Millisecond
-		b.MaxInterval = limit
-		b.MaxElapsedTime = 0
-		return b
-	})
-}
+// cappedBackoff is the runtime's exponential backoff with a short cap.
+func cappedBackoff(limit time.Duration) workers.Option { return workers.WithMaxBackoff(limit) }
 
 func TestARetryableFailureOutlastingTheOldBudgetAppliesWhenItRecovers(t *testing.T) {
 	srv := workertest.StartServer(t)

@@ -106,6 +106,8 @@ type held struct {
 	// checkedAt is one more than the attempt count at which the stream
 	// was last asked for a newer event of the key (newerStored).
 	checkedAt uint64
+	// parked says the event is out of attempts (keyedQueue.maxFailures).
+	parked bool
 }
 
 // New checks spec and the options and returns a Runtime ready to Run. It

@@ -65,7 +65,7 @@ func (st *settler) supersede(h *held, byID string, bySeq uint64) bool {
 		return false
 	}
 	d := st.delivery(h, cp, rev, log)
-	if err := d.Emit(ctx, OutcomeSuperseded, Superseded{
+	if err := d.Emit(ctx, events.OutcomeSuperseded, events.Superseded{
 		Key: h.key, EventID: h.event.ID(), Sequence: h.seq,
 		SupersededBy: byID, SupersededBySequence: bySeq,
 		Reason: "superseded by " + byID,
@@ -161,12 +161,12 @@ func (st *settler) deadLetter(h *held, reason error, log zerolog.Logger) string 
 		Reason:     msg,
 		Header:     h.msg.Headers(),
 		Data:       h.msg.Data(),
-		MaxBytes:   st.streams.letterLimit(ctx),
+		MaxBytes:   st.streams.LetterLimit(ctx),
 		Signer:     st.o.signer,
 		Domain:     st.o.domain,
 	})
 	log = log.With().Str("digest", digest).Logger()
-	ack, err := st.streams.publish(ctx, letter, events.StreamDLQ)
+	ack, err := st.streams.Publish(ctx, letter, events.StreamDLQ)
 	if err != nil {
 		log.Error().Err(err).Msg("the DLQ could not be written; the event is kept and redelivered instead of dropped, and later events of its key wait for it")
 		return st.keep(h, log)
@@ -207,7 +207,7 @@ func (st *settler) deadLetter(h *held, reason error, log zerolog.Logger) string 
 // original, digest, kept headers and data): the reason and delivery count
 // may differ between two deliveries of one event.
 func (st *settler) ownLetter(ctx context.Context, seq uint64, header map[string][]string, data []byte) error {
-	m, err := st.streams.letter(ctx, seq)
+	m, err := st.streams.Letter(ctx, seq)
 	if err != nil {
 		return fmt.Errorf("read back the stored letter at %s sequence %d: %w", events.StreamDLQ, seq, err)
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -14,25 +13,16 @@ import (
 )
 
 // State is a worker instance's durable state: small JSON documents by
-// name, written with compare-and-swap so two processes never overwrite
-// each other blindly. The runtime's lives in the checkpoint bucket;
-// NewMemoryState's lives in memory, with the same revisions and conflicts,
-// for running a handler in a test.
+// name in the checkpoint bucket, signed by the instance (docs/design.md
+// §7), written with compare-and-swap so two processes never overwrite each
+// other blindly. Under workertest the bucket is in memory, with the same
+// revisions, conflicts and signatures.
 type State struct {
 	prefix string
 	// open finds the store on first use: a runtime's State exists before
 	// Run has ensured the bucket.
 	open func(context.Context) (*events.Store, error)
-	// mem, when set, holds the documents instead of the bucket.
-	mem *memStore
 }
-
-// NewMemoryState returns an empty State kept in memory. It behaves as the
-// runtime's does: Get of a missing document is revision 0, every Put moves
-// a revision shared by all documents (as a KV bucket's does), and a Put
-// over a revision that is no longer current, or with 0 over a document
-// that exists, fails with events.ErrConflict.
-func NewMemoryState() *State { return &State{mem: &memStore{docs: map[string]memDoc{}}} }
 
 func (s *State) key(name string) (string, error) {
 	if err := events.CheckKey(name); err != nil {
@@ -48,33 +38,24 @@ func (s *State) Get(ctx context.Context, name string, v any) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	var (
-		raw []byte
-		rev uint64
-	)
-	if s.mem != nil {
-		raw, rev = s.mem.get(k)
-	} else {
-		store, err := s.open(ctx)
-		if err != nil {
-			return 0, err
-		}
-		doc, err := store.Get(ctx, k)
-		if err != nil {
-			return 0, fmt.Errorf("read state %s: %w", name, err)
-		}
-		if doc.Present() && !doc.Trusted {
-			return doc.Revision, fmt.Errorf("state %s (%s): %w: %s", name, k, ErrUntrusted, doc.Forgery.Reason)
-		}
-		raw, rev = doc.Value, doc.Revision
+	store, err := s.open(ctx)
+	if err != nil {
+		return 0, err
 	}
-	if rev == 0 {
+	doc, err := store.Get(ctx, k)
+	if err != nil {
+		return 0, fmt.Errorf("read state %s: %w", name, err)
+	}
+	if doc.Present() && !doc.Trusted {
+		return doc.Revision, fmt.Errorf("state %s (%s): %w: %s", name, k, ErrUntrusted, doc.Forgery.Reason)
+	}
+	if doc.Revision == 0 {
 		return 0, nil
 	}
-	if err := json.Unmarshal(raw, v); err != nil {
+	if err := json.Unmarshal(doc.Value, v); err != nil {
 		return 0, fmt.Errorf("state %s is not readable: %w", name, err)
 	}
-	return rev, nil
+	return doc.Revision, nil
 }
 
 // Put writes v as the document name if its revision is still rev (0: only
@@ -85,20 +66,11 @@ func (s *State) Put(ctx context.Context, name string, v any, rev uint64) (uint64
 	if err != nil {
 		return 0, err
 	}
-	var next uint64
-	if s.mem != nil {
-		raw, merr := json.Marshal(v)
-		if merr != nil {
-			return 0, fmt.Errorf("state %s: %w", name, merr)
-		}
-		next, err = s.mem.put(k, raw, rev)
-	} else {
-		var store *events.Store
-		if store, err = s.open(ctx); err != nil {
-			return 0, err
-		}
-		next, err = store.Put(ctx, k, v, rev)
+	store, err := s.open(ctx)
+	if err != nil {
+		return 0, err
 	}
+	next, err := store.Put(ctx, k, v, rev)
 	if err != nil {
 		return 0, fmt.Errorf("write state %s: %w", name, err)
 	}
@@ -110,14 +82,6 @@ func (s *State) Put(ctx context.Context, name string, v any, rev uint64) (uint64
 // wrote. A document that does not verify is returned as nil.
 func (s *State) Documents(ctx context.Context) (map[string]json.RawMessage, error) {
 	out := map[string]json.RawMessage{}
-	if s.mem != nil {
-		s.mem.mu.Lock()
-		defer s.mem.mu.Unlock()
-		for k, d := range s.mem.docs {
-			out[k] = append(json.RawMessage(nil), d.value...)
-		}
-		return out, nil
-	}
 	store, err := s.open(ctx)
 	if err != nil {
 		return nil, err
@@ -138,40 +102,6 @@ func (s *State) Documents(ctx context.Context) (map[string]json.RawMessage, erro
 		out[strings.TrimPrefix(k, s.prefix)] = doc.Value
 	}
 	return out, nil
-}
-
-// memStore is NewMemoryState's store. Its revision counter is shared by all
-// documents, as a KV bucket's stream sequence is, so a revision read for one
-// document never happens to match another's.
-type memStore struct {
-	mu   sync.Mutex
-	rev  uint64
-	docs map[string]memDoc
-}
-
-type memDoc struct {
-	value []byte
-	rev   uint64
-}
-
-func (m *memStore) get(key string) ([]byte, uint64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	d := m.docs[key]
-	return d.value, d.rev
-}
-
-// put is the bucket's compare-and-swap rule in memory: over revision rev, or only if absent
-// when rev is 0.
-func (m *memStore) put(key string, value []byte, rev uint64) (uint64, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if cur := m.docs[key]; cur.rev != rev {
-		return 0, fmt.Errorf("%s: %w", key, events.ErrConflict)
-	}
-	m.rev++
-	m.docs[key] = memDoc{value: append([]byte(nil), value...), rev: m.rev}
-	return m.rev, nil
 }
 
 func isNotFound(err error) bool { return errors.Is(err, jetstream.ErrKeyNotFound) }

@@ -14,21 +14,21 @@ import (
 // and its bucket: publishing an outcome or a dead letter, the largest
 // letter the DLQ stores, reading back a stored letter, and the events
 // stored on a subject (the order and supersede checks, order.go). It is
-// one narrow seam so that the engine can run over something other than
-// JetStream (an in-memory stand-in for tests) with no rule written twice;
-// jetStreams is the runtime's.
+// one narrow seam so that the engine runs over memory too, with no rule
+// written twice: jetStreams is the runtime's, memory.Streams workertest's
+// (the methods are exported so that a type of another package can be one).
 type streams interface {
-	// publish stores msg, which must land in stream.
-	publish(ctx context.Context, msg *nats.Msg, stream string) (*jetstream.PubAck, error)
-	// letterLimit is the largest dead letter that can be stored.
-	letterLimit(ctx context.Context) int
-	// letter is the message stored in STEWARD_DLQ at seq.
-	letter(ctx context.Context, seq uint64) (*jetstream.RawStreamMsg, error)
-	// eventAt is the first event stored in STEWARD_EVENTS at or after seq
+	// Publish stores msg, which must land in stream.
+	Publish(ctx context.Context, msg *nats.Msg, stream string) (*jetstream.PubAck, error)
+	// LetterLimit is the largest dead letter that can be stored.
+	LetterLimit(ctx context.Context) int
+	// Letter is the message stored in STEWARD_DLQ at seq.
+	Letter(ctx context.Context, seq uint64) (*jetstream.RawStreamMsg, error)
+	// EventAt is the first event stored in STEWARD_EVENTS at or after seq
 	// on subject; an error wrapping jetstream.ErrMsgNotFound when none is.
-	eventAt(ctx context.Context, seq uint64, subject string) (*jetstream.RawStreamMsg, error)
-	// lastEvent is the last event stored on subject.
-	lastEvent(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error)
+	EventAt(ctx context.Context, seq uint64, subject string) (*jetstream.RawStreamMsg, error)
+	// LastEvent is the last event stored on subject.
+	LastEvent(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error)
 }
 
 // jetStreams is streams on JetStream. events is STEWARD_EVENTS, bound by
@@ -38,13 +38,13 @@ type jetStreams struct {
 	events jetstream.Stream
 }
 
-func (s *jetStreams) publish(ctx context.Context, msg *nats.Msg, stream string) (*jetstream.PubAck, error) {
+func (s *jetStreams) Publish(ctx context.Context, msg *nats.Msg, stream string) (*jetstream.PubAck, error) {
 	return s.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(stream))
 }
 
-// letterLimit is the server's max payload, or the DLQ's own message size
+// LetterLimit is the server's max payload, or the DLQ's own message size
 // limit when that is smaller.
-func (s *jetStreams) letterLimit(ctx context.Context) int {
+func (s *jetStreams) LetterLimit(ctx context.Context) int {
 	limit := 1 << 20
 	if nc := s.js.Conn(); nc != nil && nc.MaxPayload() > 0 {
 		limit = int(nc.MaxPayload())
@@ -57,7 +57,7 @@ func (s *jetStreams) letterLimit(ctx context.Context) int {
 	return limit
 }
 
-func (s *jetStreams) letter(ctx context.Context, seq uint64) (*jetstream.RawStreamMsg, error) {
+func (s *jetStreams) Letter(ctx context.Context, seq uint64) (*jetstream.RawStreamMsg, error) {
 	st, err := s.js.Stream(ctx, events.StreamDLQ)
 	if err != nil {
 		return nil, err
@@ -65,14 +65,14 @@ func (s *jetStreams) letter(ctx context.Context, seq uint64) (*jetstream.RawStre
 	return st.GetMsg(ctx, seq)
 }
 
-func (s *jetStreams) eventAt(ctx context.Context, seq uint64, subject string) (*jetstream.RawStreamMsg, error) {
+func (s *jetStreams) EventAt(ctx context.Context, seq uint64, subject string) (*jetstream.RawStreamMsg, error) {
 	if s.events == nil {
 		return nil, errStreamUnbound
 	}
 	return s.events.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
 }
 
-func (s *jetStreams) lastEvent(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
+func (s *jetStreams) LastEvent(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
 	if s.events == nil {
 		return nil, errStreamUnbound
 	}

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -51,7 +50,7 @@ func versionOf(t testing.TB, d *workers.Delivery) uint64 {
 
 // fastRetries keeps retry delays short so tests finish quickly.
 func fastRetries() workers.Option {
-	return workers.WithBackoff(func() backoff.BackOff { return backoff.NewConstantBackOff(50 * time.Millisecond) })
+	return workers.WithMaxBackoff(50 * time.Millisecond)
 }
 
 // recorder counts handler calls per version and remembers their order.

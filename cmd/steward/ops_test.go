@@ -98,7 +98,7 @@ func TestOpsStatusCommand(t *testing.T) {
 	js := srv.JetStream(t)
 	workertest.Start(t, js, testSpec("h1"), workers.HandlerFunc(func(context.Context, *workers.Delivery) error {
 		return fmt.Errorf("disk full \x1b[31mred\x1b[0m, secret %s", testSecret)
-	}), workers.WithStatusInterval(50*time.Millisecond), workers.WithBackoff(workers.BackoffUpTo(50*time.Millisecond)))
+	}), workers.WithStatusInterval(50*time.Millisecond), workers.WithMaxBackoff(50*time.Millisecond))
 	publishRotation(t, js, "h1", 1)
 	var out string
 	workertest.WaitUntil(t, "status shows the retrying key", func() bool {
@@ -413,7 +413,7 @@ func TestOpsReplayCountsAndMarks(t *testing.T) {
 		t.Fatalf("%d outcomes stored, want 4 (two replays of two events, none deduplicated away)", len(outcomes))
 	}
 	for _, o := range outcomes {
-		if o.Extensions()[workers.ReplayExtension] != true && o.Extensions()[workers.ReplayExtension] != "true" {
+		if o.Extensions()[events.ReplayExtension] != true && o.Extensions()[events.ReplayExtension] != "true" {
 			t.Fatalf("outcome %s is not marked as replayed: %v", o.ID(), o.Extensions())
 		}
 	}

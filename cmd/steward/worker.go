@@ -70,7 +70,7 @@ func (r *runtimeFlags) options(g *globals, reg prometheus.Registerer) []workers.
 		workers.WithAckWait(r.ackWait),
 		workers.WithMaxDeliver(r.maxDeliver),
 		workers.WithMaxPanics(r.maxPanics),
-		workers.WithBackoff(workers.BackoffUpTo(r.maxBackoff)),
+		workers.WithMaxBackoff(r.maxBackoff),
 		workers.WithConcurrency(r.concurrency),
 		workers.WithShutdownGrace(r.shutdownGrace),
 		workers.WithReadMode(r.readMode),

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/rs/zerolog"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -102,7 +101,7 @@ func TestNoComponentShowsASecret(t *testing.T) {
 	workertest.Start(t, r.js, spec, h,
 		workers.WithLogger(zerolog.New(&logs)), workers.WithTracerProvider(tp),
 		workers.WithStatusInterval(10*time.Millisecond),
-		workers.WithBackoff(func() backoff.BackOff { return backoff.NewConstantBackOff(200 * time.Millisecond) }))
+		workers.WithMaxBackoff(200*time.Millisecond))
 	workertest.PublishData(t, r.js, events.TypeCredentialRotated, "leak-hive",
 		events.CredentialRotated{Hive: "leak-hive", Version: 1, ClientID: "c", Secret: sealed})
 

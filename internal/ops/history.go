@@ -434,7 +434,7 @@ func traceID(e event.Event) string {
 
 // outcomeWhy reads why an outcome is what it is from its data: the rule
 // and reason of a refusal ({rule, reason}, every worker's refused outcome)
-// and the superseding event of a superseded one (workers.Superseded). Data
+// and the superseding event of a superseded one (events.Superseded). Data
 // that is not a JSON object, or fields that are not strings, read as none:
 // the data was written by whoever could publish, and the entry is listed
 // either way. The rule is a worker's constant, but the reason quotes what
@@ -456,7 +456,7 @@ func outcomeWhy(e event.Event) (rule, reason, supersededBy string) {
 }
 
 // isReplay says whether an outcome was emitted by a replay
-// (workers.ReplayExtension).
+// (events.ReplayExtension).
 func isReplay(e event.Event) bool {
 	switch v := e.Extensions()["replay"].(type) {
 	case bool:

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -89,7 +88,7 @@ func cloudRunConfig(reg string, key keyPair, fake *cloudrunfake.Server) Config {
 }
 
 func fastRetries() workers.Option {
-	return workers.WithBackoff(func() backoff.BackOff { return backoff.NewConstantBackOff(50 * time.Millisecond) })
+	return workers.WithMaxBackoff(50 * time.Millisecond)
 }
 
 // startWorker builds a converge worker from cfg and runs it; both end with

@@ -250,7 +250,7 @@ func TestConcurrentReaderSeesMatchedPairs(t *testing.T) {
 	var last uint64
 	applied := 0
 	for i, o := range got {
-		if o.Type() == "dev.steward.credential."+workers.OutcomeSuperseded+".v1" {
+		if o.Type() == "dev.steward.credential."+events.OutcomeSuperseded+".v1" {
 			continue
 		}
 		a := workertest.DataAs[credential.Applied](t, o, typeApplied)

@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/workers/credential"
 	"github.com/steward-dev/steward/workers/workertest"
 )
@@ -60,7 +60,7 @@ func Example_replayRecordedStream() {
 	// What a test asserts: each event's verdict, the outcomes in order,
 	// and that nothing was dead-lettered.
 	res.AssertVerdicts(workertest.Superseded, workertest.Refused, workertest.Applied, workertest.Refused)
-	res.AssertOutcomes(workers.OutcomeSuperseded, credential.OutcomeRefused, credential.OutcomeApplied, credential.OutcomeSkipped)
+	res.AssertOutcomes(events.OutcomeSuperseded, credential.OutcomeRefused, credential.OutcomeApplied, credential.OutcomeSkipped)
 	res.AssertDeadLetters()
 
 	// What happened, event by event: the ids are the recorded events'
@@ -68,7 +68,7 @@ func Example_replayRecordedStream() {
 	for _, s := range res.Events {
 		fmt.Printf("seq %d, event %s: %s\n", s.Sequence, s.ID, s.Verdict)
 	}
-	superseded := workertest.OutcomeAs[workers.Superseded](res, workers.OutcomeSuperseded)
+	superseded := workertest.OutcomeAs[events.Superseded](res, events.OutcomeSuperseded)
 	fmt.Printf("version 1 was superseded by event %s\n", superseded.SupersededBy)
 	refused := workertest.OutcomeAs[credential.Refused](res, credential.OutcomeRefused)
 	fmt.Printf("refused version %d: %s\n", refused.Version, refused.Reason)

@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
@@ -119,7 +118,7 @@ func (h *hive) start(spec workers.Spec) *workertest.Running {
 	})
 	return workertest.Start(h.t, h.js, spec, handler,
 		workers.WithLogger(zerolog.New(h.logs)),
-		workers.WithBackoff(func() backoff.BackOff { return backoff.NewConstantBackOff(20 * time.Millisecond) }),
+		workers.WithMaxBackoff(20*time.Millisecond),
 		workers.WithMaxDeliver(10000),
 		workers.WithAckWait(5*time.Second),
 	)

@@ -4,7 +4,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/workers/credential"
 	"github.com/steward-dev/steward/workers/workertest"
 )
@@ -23,7 +23,7 @@ func TestRecordedStreamOnTheRuntime(t *testing.T) {
 	}
 	res := workertest.ReplayFile(t, "testdata/rotations.jsonl", w.Spec(), w, workertest.WithRuntime())
 	res.AssertVerdicts(workertest.Superseded, workertest.Refused, workertest.Applied, workertest.Refused)
-	res.AssertOutcomes(workers.OutcomeSuperseded, credential.OutcomeRefused, credential.OutcomeApplied, credential.OutcomeSkipped)
+	res.AssertOutcomes(events.OutcomeSuperseded, credential.OutcomeRefused, credential.OutcomeApplied, credential.OutcomeSkipped)
 	res.AssertDeadLetters()
 	if a := workertest.OutcomeAs[credential.Applied](res, credential.OutcomeApplied); a.Version != 3 || a.ClientID != "client-3" {
 		t.Errorf("applied %+v, want version 3 with client-3", a)

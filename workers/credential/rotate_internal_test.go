@@ -1,7 +1,6 @@
 package credential
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -72,7 +71,7 @@ func newTestWorker(t testing.TB) (*Worker, string) {
 }
 
 // handleUnchecked runs Handle on one rotation through a Delivery in memory
-// (workers.NewDelivery) with no runtime in front, so data the schema stops
+// (workertest.Unchecked: the runtime's validation skipped), so data the schema stops
 // on the bus (an empty field, another hive) still reaches the handler's own
 // checks, and several writers can share one credential folder. It returns
 // the handler's error and the outcomes it emitted. Everything the runtime
@@ -99,9 +98,8 @@ func handleAsIs(t testing.TB, w *Worker, data events.CredentialRotated, eventID 
 	if err := e.SetData(events.ContentTypeJSON, raw); err != nil {
 		t.Fatal(err)
 	}
-	b, res := workertest.NewBackend(t)
-	err = w.Handle(context.Background(), workers.NewDelivery(w.Spec(), e, 1, 1, nil, b))
-	return err, res.Outcomes
+	res := workertest.Work(t, w.Spec(), w, e, workertest.Unchecked())
+	return res.Events[0].Err, res.Outcomes
 }
 
 func outcomeNames(list []event.Event) []string {

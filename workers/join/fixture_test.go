@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
@@ -185,7 +184,7 @@ func (f *fixture) worker() *join.Worker {
 // fastRetries makes a retried event come back in milliseconds.
 func fastRetries() []workers.Option {
 	return []workers.Option{
-		workers.WithBackoff(func() backoff.BackOff { return backoff.NewConstantBackOff(20 * time.Millisecond) }),
+		workers.WithMaxBackoff(20 * time.Millisecond),
 	}
 }
 
@@ -332,8 +331,8 @@ func outcomes(t *testing.T, js jetstream.JetStream, instance, outcome string) []
 		if workertest.OutcomeName(e) != outcome {
 			continue
 		}
-		if outcome == workers.OutcomeSuperseded {
-			if by := workertest.DataAs[workers.Superseded](t, e, e.Type()); by.SupersededBy != "" {
+		if outcome == events.OutcomeSuperseded {
+			if by := workertest.DataAs[events.Superseded](t, e, e.Type()); by.SupersededBy != "" {
 				continue
 			}
 		}

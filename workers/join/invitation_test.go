@@ -471,7 +471,7 @@ func TestReplayArmsOnce(t *testing.T) {
 	// Copies queued together are latest-wins: the earlier ones are
 	// superseded by the later (the same signed issuedAt); a copy handled
 	// on its own finds the box armed already.
-	if already, superseded := len(outcomes(t, js, "box-r", join.OutcomeArmedAlready)), countOutcomes(t, js, "box-r", workers.OutcomeSuperseded); already+superseded != 2 {
+	if already, superseded := len(outcomes(t, js, "box-r", join.OutcomeArmedAlready)), countOutcomes(t, js, "box-r", events.OutcomeSuperseded); already+superseded != 2 {
 		t.Fatalf("the two later copies gave %d armed-already and %d superseded outcomes, want 2 together", already, superseded)
 	}
 	if n := f.armRuns(); n != 1 {

@@ -168,7 +168,7 @@ func TestHandleRefusesAnotherMachine(t *testing.T) {
 }
 
 // handleUnchecked runs Handle on one grant through a Delivery in memory
-// (workers.NewDelivery) with no runtime in front, so a grant the runtime's
+// (workertest.Unchecked: the runtime's validation skipped), so a grant the runtime's
 // validation stops first (another machine, another requirement) still
 // reaches the handler's own checks. It returns the handler's error and the
 // outcomes it emitted. Grants the runtime would let through go through
@@ -194,9 +194,8 @@ func handleAsIs(t testing.TB, w *Worker, g events.GrantChanged) (error, []event.
 	if err := ev.SetData(events.ContentTypeJSON, raw); err != nil {
 		t.Fatal(err)
 	}
-	b, res := workertest.NewBackend(t)
-	err = w.Handle(context.Background(), workers.NewDelivery(w.Spec(), ev, 1, 1, nil, b))
-	return err, res.Outcomes
+	res := workertest.Work(t, w.Spec(), w, ev, workertest.Unchecked())
+	return res.Events[0].Err, res.Outcomes
 }
 
 // TestStaleGenerationIsSkippedInMemory runs two grants through the handler

@@ -12,7 +12,6 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/signing"
-	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/workertest"
 )
 
@@ -192,32 +191,32 @@ func TestResetAfterASignedMistakeGeneration(t *testing.T) {
 }
 
 // TestUnsignedGrantRefusedByTheHandlerToo: the handler refuses what Rank
-// does, whichever sees it first.
+// does, whichever sees it first. Queued behind a signed grant, an
+// unsigned one with a higher generation must not rank, or it would
+// supersede the signed one and never be applied itself: the attack of a
+// publisher without the controller's key. Both run unchecked, so the
+// schema does not stop the unsigned one first.
 func TestUnsignedGrantRefusedByTheHandlerToo(t *testing.T) {
 	e := newEnv(t)
 	w := e.worker(nil)
-	g := unsigned(e.grant(1, giv{"a", e.db("a"), "p"}))
-	if _, err := w.rank(context.Background(), newTestDelivery(t, w, g)); err == nil {
-		t.Fatal("an unsigned grant ranked")
-	}
-	err, emitted := handleAsIs(t, w, g)
+	signed := grantEvent(t, e.grant(1, giv{"a", e.db("a"), "p"}))
+	forged := grantEvent(t, unsigned(e.grant(2, giv{"a", e.db("a"), "forged"})))
+	res := workertest.NewRunner(t, w.Spec(), w).WorkAll([]event.Event{signed, forged}, workertest.Unchecked())
+	res.AssertVerdicts(workertest.Applied, workertest.Refused)
 	var r *refusal
+	if !asRefusal(res.Events[1].Err, &r) || r.Rule != signing.RuleUnsigned {
+		t.Fatalf("got %v, want a refusal by rule unsigned", res.Events[1].Err)
+	}
+
+	e2 := newEnv(t)
+	w2 := e2.worker(nil)
+	err, emitted := handleAsIs(t, w2, unsigned(e2.grant(1, giv{"a", e2.db("a"), "p"})))
 	if !asRefusal(err, &r) || r.Rule != signing.RuleUnsigned || len(emitted) != 1 {
 		t.Fatalf("got %v, want a refusal by rule unsigned", err)
 	}
-	if len(e.markedRoles()) != 0 {
+	if len(e2.markedRoles()) != 0 {
 		t.Fatal("an unsigned grant created a role")
 	}
 }
 
 func asRefusal(err error, r **refusal) bool { return errors.As(err, r) }
-
-// newTestDelivery is g as a Delivery outside the runtime, for Rank.
-func newTestDelivery(t *testing.T, w *Worker, g events.GrantChanged) *workers.Delivery {
-	t.Helper()
-	e := grantEvent(t, g)
-	e.SetID("grant-" + randomHex(8))
-	e.SetSource("/test")
-	b, _ := workertest.NewBackend(t)
-	return workers.NewDelivery(w.Spec(), e, 1, 1, nil, b)
-}

@@ -3,66 +3,75 @@ package workertest
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go"
-	"github.com/rs/zerolog"
 
 	"github.com/steward-dev/steward/events"
-	"github.com/steward-dev/steward/internal/redact"
 	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/internal/memory"
 )
 
-// Runner runs events through one handler in memory, with no server, and
-// applies the runtime's rules to what the handler returns. Its State and the
+// Runner runs events through one handler in memory, with no server, on the
+// runtime's own engine: the keyed queue, the executor and the settler that
+// a worker runs in production, over a checkpoint bucket, streams and
+// messages kept in memory (and documents signed and verified with the
+// instance's test key, DocumentKeys). Its State, its checkpoints and the
 // stages saved last across calls, and every event gets the next stream
-// sequence, so a test can run a story event by event and look at each step.
+// sequence, so a test can run a story event by event and look at each
+// step.
 //
-// What it models, as the runtime does it:
-//   - validation: an event that fails events.Validate, or whose type is not
-//     in Spec.Types, is dead-lettered without reaching the handler;
-//   - results: nil is applied, workers.Refused is settled as refused,
-//     workers.Permanent is dead-lettered with its reason, any other error is
-//     Retried (the runtime would try it again after a backoff; WithAttempts
-//     tries it again at once, up to its count), and a panic
-//     is caught and tried again at once, up to workers.DefaultMaxPanics
-//     times (WithMaxPanics), then dead-lettered with the runtime's reason;
-//   - order: events of one key (and kind) run one at a time in stream order,
-//     and those queued behind a Retried event of their key are Waiting;
-//   - latest wins: under Spec.Rank, the events given to one call are queued
-//     together, as a burst is in the runtime, so an event that a later
-//     verified event of its key ranks at or above is Superseded, with the
-//     runtime's superseded outcome, and never reaches the handler;
-//   - outcomes: the same ids, types, sources and subjects as the runtime's,
-//     dead letters in the runtime's format (events.DeadLetter), and State
-//     with revisions and events.ErrConflict (workers.NewMemoryState).
+// So the runtime's rules apply as they do on a server: validation (an
+// event that fails events.Validate, is not of Spec.Types, or whose subject
+// names another key goes to the DLQ unhandled); results (nil is applied,
+// workers.Refused is settled as refused, workers.Permanent is
+// dead-lettered with its reason, a panic is tried again up to
+// WithMaxPanics times, then dead-lettered); order (one key's events one at
+// a time in stream order, those behind a failing event Waiting);
+// latest-wins (the events given to one call are queued together, as a
+// burst is pulled, so under Spec.Rank an event that a later verified event
+// of its key ranks at or above is Superseded, with the runtime's outcome);
+// checkpoints (what is applied is recorded, a stage saved is what a
+// redelivery finds) and outcomes and dead letters as the runtime writes
+// them, deduplicated by id.
 //
-// What it does not model: crashes and redeliveries (use Redelivered to run
-// an event as a redelivery that finds a saved stage), the backoff, the
-// stream's dedupe window, checkpoints across processes
-// (an event is never skipped as older than one applied), heartbeats,
-// shutdown, and events arriving while a lane runs (the runtime supersedes
-// only what is queued or stored behind). WithRuntime runs the real runtime
-// on an embedded server for that.
+// What differs from a server, and why: a plain error is tried again at
+// once rather than after a backoff, and only WithAttempts times (once by
+// default), then reported Retried with the events behind it Waiting, and
+// handed back; nothing redelivers it in a later call (Redelivered runs an
+// event as a redelivery). Crashes, heartbeats, shutdown, other processes
+// of the instance and events arriving while a lane runs are the server's:
+// WithRuntime runs the real runtime on an embedded server for those.
 type Runner struct {
-	t         testing.TB
-	spec      workers.Spec
-	h         workers.Handler
-	log       zerolog.Logger
-	maxPanics int
-	attempts  int
+	t        testing.TB
+	spec     workers.Spec
+	attempts int
 
+	engine  memory.Engine
+	kv      *memory.KV
+	streams *memory.Streams
+
+	// mu is held by a call for its whole run; recMu guards call, which
+	// the engine's goroutines report to while it runs.
 	mu    sync.Mutex
-	seq   uint64
-	state *workers.State
+	recMu sync.Mutex
+	call  *call
+}
+
+// call is what one call of a Runner records as the engine runs it.
+type call struct {
+	byID     map[uint64]string
+	tried    map[uint64]*Settled
+	settled  map[uint64]Verdict
+	stages   []Stage
+	saveErr  error
+	emitErrs map[string]error
 }
 
 // NewRunner returns a Runner of h for a worker of spec. WithLogger,
@@ -77,18 +86,30 @@ func NewRunner(t testing.TB, spec workers.Spec, h workers.Handler, opts ...Optio
 }
 
 func newRunner(t testing.TB, spec workers.Spec, h workers.Handler, c config) *Runner {
-	if spec.OutcomeNoun == "" {
-		spec.OutcomeNoun = spec.Name
+	t.Helper()
+	r := &Runner{t: t, spec: spec, attempts: c.attempts, kv: memory.NewKV(events.CheckpointBucket), streams: memory.NewStreams()}
+	r.kv.Fail, r.kv.Written = r.failWrite, r.written
+	r.streams.Fail = r.failPublish
+	engine, err := memory.NewEngine(memory.Config{
+		Spec:    spec,
+		Handler: workers.HandlerFunc(r.observe(h)),
+		Options: []any{
+			workers.WithLogger(c.log), workers.WithMaxPanics(c.maxPanics),
+			DocumentKeys(spec.Name, spec.Instance), workers.WithSettledHook(r.settled),
+		},
+		KV: r.kv, Streams: r.streams, MaxFailures: c.attempts,
+	})
+	if err != nil {
+		t.Fatalf("workertest: %v", err)
 	}
-	if spec.OrderKey == nil {
-		spec.OrderKey = func(e event.Event) string { return e.Subject() }
-	}
-	return &Runner{t: t, spec: spec, h: h, log: c.log, maxPanics: c.maxPanics, attempts: c.attempts, state: workers.NewMemoryState()}
+	r.engine = engine
+	return r
 }
 
-// State is the worker instance's state, kept in memory across calls. A test
-// may seed it before the first event (the installed version, a floor).
-func (r *Runner) State() *workers.State { return r.state }
+// State is the worker instance's state, kept across calls, signed as the
+// runtime signs it. A test may seed it before the first event (the
+// installed version, a floor).
+func (r *Runner) State() *workers.State { return r.engine.State().(*workers.State) }
 
 // Work runs one event through the handler and returns what it did.
 func (r *Runner) Work(e event.Event, opts ...WorkOption) *Result {
@@ -131,14 +152,16 @@ func Work(t testing.TB, spec workers.Spec, h workers.Handler, e event.Event, opt
 type WorkOption func(*work)
 
 type work struct {
-	stage    json.RawMessage
-	attempt  uint64
-	saveErr  error
-	emitErrs map[string]error
+	stage     json.RawMessage
+	attempt   uint64
+	unchecked bool
+	saveErr   error
+	emitErrs  map[string]error
 }
 
 // Redelivered delivers the event again, as after a crash: Attempt is 2 and
-// LoadStage finds stage, as an earlier delivery of the same event saved it.
+// LoadStage finds stage, as an earlier delivery of the same event saved it
+// in the key's checkpoint.
 func Redelivered(stage any) WorkOption {
 	return func(w *work) {
 		raw, err := json.Marshal(stage)
@@ -149,9 +172,10 @@ func Redelivered(stage any) WorkOption {
 	}
 }
 
-// SaveStageFails makes every SaveStage fail with err, as when the
-// checkpoint bucket is down or another process moved the key on (wrap
-// events.ErrConflict for that).
+// SaveStageFails makes every write of a checkpoint fail with err, as when
+// the checkpoint bucket is down: SaveStage returns it, and an event the
+// handler settles cannot be recorded either (wrap events.ErrConflict for
+// another process having moved the key on).
 func SaveStageFails(err error) WorkOption { return func(w *work) { w.saveErr = err } }
 
 // EmitFails makes emitting the outcome named outcome fail with err, as when
@@ -165,16 +189,11 @@ func EmitFails(outcome string, err error) WorkOption {
 	}
 }
 
-// queued is one event of a run with what is known of it.
-type queued struct {
-	e      event.Event
-	seq    uint64
-	key    string
-	lane   string
-	bad    error
-	rank   uint64
-	ranked bool
-}
+// Unchecked hands the events to the handler without the runtime's
+// validation, to show what the handler itself does with data the schema,
+// the type check or the subject check would have refused: its own checks
+// are the defence in depth behind them.
+func Unchecked() WorkOption { return func(w *work) { w.unchecked = true } }
 
 func (r *Runner) run(list []event.Event, opts []WorkOption) *Result {
 	r.t.Helper()
@@ -184,67 +203,52 @@ func (r *Runner) run(list []event.Event, opts []WorkOption) *Result {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	ctx := context.Background()
-	res := &Result{t: r.t}
-	b := &memBackend{res: res, state: r.state, saveErr: wo.saveErr, emitErrs: wo.emitErrs}
+	outcomesBefore := len(r.streams.Messages(events.StreamOutcomes))
+	lettersBefore := len(r.streams.Messages(events.StreamDLQ))
+	c := &call{byID: map[uint64]string{}, tried: map[uint64]*Settled{}, settled: map[uint64]Verdict{}}
 
-	q := make([]*queued, len(list))
-	for i, e := range list {
-		r.seq++
+	msgs := make([]*memory.Msg, len(list))
+	for i := range list {
+		e := list[i]
 		prepare(&e)
-		it := &queued{e: e, seq: r.seq}
-		it.bad = r.check(e)
-		if it.bad == nil {
-			it.key = r.spec.OrderKey(e)
-			it.lane = e.Type() + "\x00" + it.key
+		list[i] = e
+		msg, err := events.Encode(subjectOf(r.spec, e), e)
+		if err != nil {
+			r.t.Fatalf("event %s: %v", e.ID(), err)
 		}
-		q[i] = it
+		seq := r.streams.Append(events.StreamEvents, msg)
+		c.byID[seq] = e.ID()
+		if wo.stage != nil {
+			r.seedStage(e, seq, wo.stage)
+		}
+		msgs[i] = memory.NewMsg(r.streams.Messages(events.StreamEvents)[seq-1], max(wo.attempt, 1))
 	}
-	if r.spec.Rank != nil {
-		for _, it := range q {
-			if it.bad == nil {
-				rank, err := r.spec.Rank(ctx, r.delivery(it, b, 1, nil))
-				it.rank, it.ranked = rank, err == nil
-			}
+	// Faults and the record of stages apply from here on: the stage a
+	// redelivery finds was seeded, not saved by this call.
+	r.setCall(c, wo)
+	r.engine.Deliver(msgs, wo.unchecked)
+	r.setCall(nil, work{})
+
+	res := &Result{t: r.t}
+	for _, m := range r.streams.Messages(events.StreamOutcomes)[outcomesBefore:] {
+		e, err := events.Decode(m.Header, m.Data)
+		if err != nil {
+			r.t.Fatalf("outcome at %s sequence %d: %v", events.StreamOutcomes, m.Sequence, err)
 		}
+		res.Outcomes = append(res.Outcomes, e)
 	}
-	blocked := map[string]bool{}
-	for i, it := range q {
-		s := Settled{Sequence: it.seq, ID: it.e.ID(), Type: it.e.Type(), Key: it.key}
-		var w *queued
-		if it.bad == nil && !blocked[it.lane] {
-			w = r.supersededBy(q[i+1:], it)
-		}
-		switch {
-		case it.bad != nil:
-			// The runtime's validation: straight to the DLQ.
-			s.Verdict, s.Err = DeadLettered, workers.Permanent(it.bad)
-			res.DeadLetters = append(res.DeadLetters, r.deadLetter(it, s.Err, 1))
-		case blocked[it.lane]:
-			s.Verdict = Waiting
-		case w != nil:
-			s.Verdict = Superseded
-			d := r.delivery(it, b, 1, nil)
-			// The runtime logs a superseded outcome it cannot publish
-			// and settles all the same: the newer event carries the key.
-			_ = d.Emit(ctx, workers.OutcomeSuperseded, workers.Superseded{
-				Key: it.key, EventID: it.e.ID(), Sequence: it.seq,
-				SupersededBy: w.e.ID(), SupersededBySequence: w.seq,
-				Reason: "superseded by " + w.e.ID(),
-			})
-		default:
-			attempt := max(wo.attempt, 1)
-			s.Verdict, s.Err, s.Attempts = r.handle(ctx, it, b, attempt, wo.stage)
-			switch s.Verdict {
-			case Retried:
-				blocked[it.lane] = true
-			case DeadLettered:
-				res.DeadLetters = append(res.DeadLetters, r.deadLetter(it, s.Err, attempt))
-			}
-		}
-		res.Events = append(res.Events, s)
+	letters := map[uint64]events.DeadLetter{}
+	for _, m := range r.streams.Messages(events.StreamDLQ)[lettersBefore:] {
+		l := events.ParseDeadLetter(m.Sequence, m.Subject, m.Header, m.Data)
+		res.DeadLetters = append(res.DeadLetters, l)
+		letters[l.Sequence] = l
 	}
-	docs, err := r.state.Documents(ctx)
+	for i, e := range list {
+		meta, _ := msgs[i].Metadata()
+		res.Events = append(res.Events, r.settledOf(c, e, meta.Sequence.Stream, msgs[i], letters))
+	}
+	res.Stages = c.stages
+	docs, err := r.State().Documents(context.Background())
 	if err != nil {
 		r.t.Fatalf("state: %v", err)
 	}
@@ -252,100 +256,165 @@ func (r *Runner) run(list []event.Event, opts []WorkOption) *Result {
 	return res
 }
 
-// supersededBy is the lane's rule (workers' lane.superseded): the newest
-// later event of the key whose verified rank is at least it's.
-func (r *Runner) supersededBy(later []*queued, it *queued) *queued {
-	if r.spec.Rank == nil || !it.ranked {
+// settledOf is what became of e, stored at seq and delivered as msg, as
+// the engine settled it.
+func (r *Runner) settledOf(c *call, e event.Event, seq uint64, msg *memory.Msg, letters map[uint64]events.DeadLetter) Settled {
+	s := Settled{Sequence: seq, ID: e.ID(), Type: e.Type()}
+	if t := c.tried[seq]; t != nil {
+		s.Attempts, s.Err = t.Attempts, t.Err
+	}
+	if events.Validate(e) == nil {
+		s.Key = e.Subject()
+		if r.spec.OrderKey != nil {
+			s.Key = r.spec.OrderKey(e)
+		}
+	}
+	how, _ := msg.Settled()
+	switch v, ok := c.settled[seq]; {
+	case ok:
+		s.Verdict = v
+		if v != Refused {
+			s.Err = nil
+		}
+	case how == memory.Termed:
+		s.Verdict = DeadLettered
+		if s.Err == nil || !workers.IsPermanent(s.Err) {
+			s.Err = workers.Permanent(errorText(letters[seq].Reason))
+		}
+	case how == memory.Naked && s.Attempts > 0:
+		s.Verdict = Retried
+	case how == memory.Naked:
+		s.Verdict = Waiting
+	default:
+		r.t.Fatalf("event %s at sequence %d was neither settled nor handed back by the engine (%q)", e.ID(), seq, how)
+	}
+	return s
+}
+
+// seedStage writes stage into the checkpoint of e's key as saved for the
+// event at seq, through the engine's own store (so its signature and
+// counter are the instance's), for a redelivery to find.
+func (r *Runner) seedStage(e event.Event, seq uint64, stage json.RawMessage) {
+	ctx := context.Background()
+	key := e.Subject()
+	if r.spec.OrderKey != nil {
+		key = r.spec.OrderKey(e)
+	}
+	k := events.LaneCheckpointKey(r.spec.Name, r.spec.Instance, events.Lane(e.Type(), key))
+	store := r.engine.Store()
+	doc, err := store.Get(ctx, k)
+	if err != nil {
+		r.t.Fatalf("workertest.Redelivered: %v", err)
+	}
+	var cp events.Checkpoint
+	if doc.Trusted {
+		if err := doc.Decode(&cp); err != nil {
+			r.t.Fatalf("workertest.Redelivered: %v", err)
+		}
+	}
+	cp.StageSeq, cp.Stage = seq, stage
+	if _, err := store.Put(ctx, k, cp, doc.Revision); err != nil {
+		r.t.Fatalf("workertest.Redelivered: %v", err)
+	}
+}
+
+func (r *Runner) setCall(c *call, wo work) {
+	if c != nil {
+		c.saveErr, c.emitErrs = wo.saveErr, wo.emitErrs
+	}
+	r.recMu.Lock()
+	r.call = c
+	r.recMu.Unlock()
+}
+
+// record changes the call under way, if any, under recMu: the engine's
+// goroutines report to it.
+func (r *Runner) record(fn func(c *call)) {
+	r.recMu.Lock()
+	defer r.recMu.Unlock()
+	if r.call != nil {
+		fn(r.call)
+	}
+}
+
+// observe wraps h to record each run of the handler: attempts and the last
+// error, a panic included (as the runtime words it), which it passes on
+// for the executor to catch.
+func (r *Runner) observe(h workers.Handler) func(context.Context, *workers.Delivery) error {
+	return func(ctx context.Context, d *workers.Delivery) (err error) {
+		defer func() {
+			v := recover()
+			if v != nil {
+				err = fmt.Errorf("handler panicked on %s (event %s): %v", d.Key, d.Event.ID(), v)
+			}
+			r.record(func(c *call) {
+				s := c.tried[d.Sequence]
+				if s == nil {
+					s = &Settled{}
+					c.tried[d.Sequence] = s
+				}
+				s.Attempts++
+				s.Err = err
+			})
+			if v != nil {
+				panic(v)
+			}
+		}()
+		return h.Handle(ctx, d)
+	}
+}
+
+// settled records the runtime's result for an event whose ack it
+// confirmed.
+func (r *Runner) settled(s workers.Settlement) {
+	r.record(func(c *call) { c.settled[s.Sequence] = Verdict(s.Result) })
+}
+
+// failWrite is the bucket's fault for SaveStageFails: every checkpoint
+// write fails.
+func (r *Runner) failWrite(key string) (err error) {
+	if events.InfoOf(key).Kind == events.KindCheckpoint {
+		r.record(func(c *call) { err = c.saveErr })
+	}
+	return err
+}
+
+// written records a stage as the engine saves it into a checkpoint.
+func (r *Runner) written(key string, value []byte) {
+	var cp events.Checkpoint
+	if events.InfoOf(key).Kind != events.KindCheckpoint || json.Unmarshal(value, &cp) != nil || cp.StageSeq == 0 || len(cp.Stage) == 0 {
+		return
+	}
+	r.record(func(c *call) {
+		if id, ok := c.byID[cp.StageSeq]; ok {
+			c.stages = append(c.stages, Stage{Sequence: cp.StageSeq, EventID: id, Stage: append(json.RawMessage(nil), cp.Stage...)})
+		}
+	})
+}
+
+// failPublish is the streams' fault for EmitFails.
+func (r *Runner) failPublish(msg *nats.Msg, stream string) (err error) {
+	if stream != events.StreamOutcomes {
 		return nil
 	}
-	var winner *queued
-	for _, l := range later {
-		if l.bad == nil && l.lane == it.lane && l.ranked && l.rank >= it.rank && (winner == nil || l.rank >= winner.rank) {
-			winner = l
-		}
+	e, derr := events.Decode(msg.Header, msg.Data)
+	if derr != nil {
+		return nil
 	}
-	return winner
-}
-
-// handle runs the handler on one event until it settles or would be
-// retried, trying a panic again at once as the runtime does, and a failure
-// as often as WithAttempts allows.
-func (r *Runner) handle(ctx context.Context, it *queued, b *memBackend, attempt uint64, stage json.RawMessage) (Verdict, error, int) {
-	for panics, failures := 0, 0; ; {
-		tries := panics + failures
-		d := r.delivery(it, b, attempt+uint64(tries), stage)
-		err := call(ctx, r.h, d)
-		var p *panicked
-		switch {
-		case err == nil:
-			return Applied, nil, tries + 1
-		case workers.IsRefused(err):
-			return Refused, err, tries + 1
-		case workers.IsPermanent(err):
-			return DeadLettered, err, tries + 1
-		case errors.As(err, &p):
-			if panics++; panics >= r.maxPanics {
-				return DeadLettered, workers.Permanent(fmt.Errorf("the handler panicked %d times, the last with: %w", panics, err)), tries + 1
-			}
-		default:
-			if failures++; failures >= r.attempts {
-				return Retried, err, tries + 1
-			}
-		}
-		// The next attempt finds what the failed one saved.
-		stage = b.lastStage(it.seq, stage)
-	}
-}
-
-func (r *Runner) delivery(it *queued, b *memBackend, attempt uint64, stage json.RawMessage) *workers.Delivery {
-	d := workers.NewDelivery(r.spec, it.e, it.seq, attempt, stage, b)
-	d.Log = r.log.With().Str("worker", r.spec.Name).Str("instance", r.spec.Instance).
-		Str("key", d.Key).Str("event_id", it.e.ID()).Str("type", it.e.Type()).
-		Uint64("seq", it.seq).Uint64("attempt", attempt).Logger()
-	return d
-}
-
-// check is the runtime's validation of an event it consumes.
-func (r *Runner) check(e event.Event) error {
-	if err := events.Validate(e); err != nil {
-		return err
-	}
-	if !slices.Contains(r.spec.Types, e.Type()) {
-		return fmt.Errorf("%w: worker %s does not handle type %q", events.ErrInvalid, r.spec.Name, e.Type())
-	}
-	return nil
-}
-
-// deadLetter builds the letter the runtime would write, with the runtime's
-// builder (events.NewDeadLetter) and the instance's test key, and reads it
-// back through events.ParseDeadLetter, the one parser of the format.
-func (r *Runner) deadLetter(it *queued, reason error, delivered uint64) events.DeadLetter {
-	subject := r.subjectOf(it.e)
-	msg, err := events.Encode(subject, it.e)
-	if err != nil {
-		msg = nats.NewMsg(subject)
-	}
-	consumer := r.spec.Name + "-" + r.spec.Instance
-	dlq := events.DLQSubject(r.spec.Name, r.spec.Instance)
-	letter, _ := events.NewDeadLetter(events.LetterSource{
-		Consumer: consumer, DLQSubject: dlq, Stream: events.StreamEvents,
-		Sequence: it.seq, Subject: subject, Delivered: delivered,
-		Reason: redact.Line(reason.Error()), Header: msg.Header, Data: msg.Data,
-		Signer: Signer(consumer),
-	})
-	return events.ParseDeadLetter(0, dlq, letter.Header, letter.Data)
+	r.record(func(c *call) { err = c.emitErrs[OutcomeName(e)] })
+	return err
 }
 
 // subjectOf is where a publisher would have put e: its kind's subject for
 // its key, else the worker's first subject.
-func (r *Runner) subjectOf(e event.Event) string {
+func subjectOf(spec workers.Spec, e event.Event) string {
 	if k, ok := events.Lookup(e.Type()); ok {
 		if s, err := k.SubjectFor(e.Subject()); err == nil {
 			return s
 		}
 	}
-	if len(r.spec.Subjects) > 0 {
-		return r.spec.Subjects[0]
+	if len(spec.Subjects) > 0 {
+		return spec.Subjects[0]
 	}
 	return events.EventsPrefix
 }
@@ -355,80 +424,6 @@ func (r *Runner) subjectOf(e event.Event) string {
 // before the runtime saw it. What still fails validation is dead-lettered.
 func prepare(e *event.Event) {
 	_, _ = publisher.New(nil).Prepare(e)
-}
-
-// panicked is a handler panic turned into a failure, as the runtime does.
-type panicked struct{ msg string }
-
-func (p *panicked) Error() string { return p.msg }
-
-func call(ctx context.Context, h workers.Handler, d *workers.Delivery) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = &panicked{msg: fmt.Sprintf("handler panicked on %s (event %s): %v", d.Key, d.Event.ID(), v)}
-		}
-	}()
-	return h.Handle(ctx, d)
-}
-
-// NewBackend is a workers.Backend in memory with a fresh state, for a
-// handler called directly on a workers.NewDelivery, past the validation
-// Work applies (to show what the handler itself does with an event the
-// runtime would refuse): its outcomes and stages land in the Result.
-func NewBackend(t testing.TB) (workers.Backend, *Result) {
-	res := &Result{t: t}
-	return &memBackend{res: res, state: workers.NewMemoryState()}, res
-}
-
-// memBackend is the Runner's workers.Backend: everything lands in the
-// Result of the call.
-type memBackend struct {
-	mu       sync.Mutex
-	res      *Result
-	state    *workers.State
-	saveErr  error
-	emitErrs map[string]error
-}
-
-func (b *memBackend) Emit(_ context.Context, e event.Event) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if err := b.emitErrs[OutcomeName(e)]; err != nil {
-		return err
-	}
-	// A redelivery's outcome has the same id and is stored once, as the
-	// stream's dedupe window does.
-	for _, o := range b.res.Outcomes {
-		if o.ID() == e.ID() {
-			return nil
-		}
-	}
-	b.res.Outcomes = append(b.res.Outcomes, e)
-	return nil
-}
-
-func (b *memBackend) SaveStage(_ context.Context, d *workers.Delivery, stage json.RawMessage) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.saveErr != nil {
-		return b.saveErr
-	}
-	b.res.Stages = append(b.res.Stages, Stage{Sequence: d.Sequence, EventID: d.Event.ID(), Stage: append(json.RawMessage(nil), stage...)})
-	return nil
-}
-
-func (b *memBackend) State() *workers.State { return b.state }
-
-// lastStage is the stage last saved for seq in this call, or def.
-func (b *memBackend) lastStage(seq uint64, def json.RawMessage) json.RawMessage {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for i := len(b.res.Stages) - 1; i >= 0; i-- {
-		if b.res.Stages[i].Sequence == seq {
-			return b.res.Stages[i].Stage
-		}
-	}
-	return def
 }
 
 // OutcomeName is the <outcome> of an outcome's type,
@@ -451,3 +446,8 @@ func readFile(t testing.TB, path string) []event.Event {
 	}
 	return list
 }
+
+// errorText is a dead letter's reason as an error.
+type errorText string
+
+func (e errorText) Error() string { return string(e) }

@@ -74,12 +74,11 @@ func replayOnServer(t testing.TB, list []event.Event, spec workers.Spec, h worke
 	// Published as the stream recorded them, past the publisher's
 	// validation, so an invalid event reaches the runtime's DLQ as a
 	// hostile one would.
-	subjects := newRunner(t, spec, h, c)
 	list = slices.Clone(list)
 	seqs := make([]uint64, len(list))
 	for i := range list {
 		prepare(&list[i])
-		msg, err := events.Encode(subjects.subjectOf(list[i]), list[i])
+		msg, err := events.Encode(subjectOf(spec, list[i]), list[i])
 		if err != nil {
 			t.Fatalf("event %s: %v", list[i].ID(), err)
 		}
@@ -152,8 +151,3 @@ func replayOnServer(t testing.TB, list []event.Event, spec workers.Spec, h worke
 	res.State = docs
 	return res
 }
-
-// errorText is a dead letter's reason as an error.
-type errorText string
-
-func (e errorText) Error() string { return string(e) }

@@ -313,7 +313,7 @@ func WithMaxPanics(n int) Option { return func(c *config) { c.maxPanics = max(n,
 // its first failure), so a test can show that a transient failure applies
 // once it passes. In memory the attempts run one after the other; on the
 // runtime (WithRuntime) they are the runtime's own retries, after its
-// backoff (workers.WithBackoff shortens it).
+// backoff (workers.WithMaxBackoff shortens it).
 func WithAttempts(n int) Option { return func(c *config) { c.attempts = max(n, 1) } }
 
 // WithRuntime makes Replay and ReplayFile run the real runtime

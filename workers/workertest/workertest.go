@@ -4,14 +4,17 @@
 // In memory, with no server: Work runs one event through a handler and
 // returns a Result, what the run did (each event's Verdict, the outcomes
 // emitted, dead letters, stages saved, state written, errors), in the
-// style of rivertest's Worker.Work and httptest's ResponseRecorder. The
-// runtime's rules apply: nil is Applied, workers.Refused is Refused,
-// workers.Permanent is DeadLettered with its reason, a plain error is
-// Retried (or tried again, up to WithAttempts times, so a transient failure
-// can be shown to apply once it passes), a panic is caught, and under a latest-wins Spec the older
+// style of rivertest's Worker.Work and httptest's ResponseRecorder. As
+// rivertest runs river's real executor, Work runs the runtime's own engine
+// (its keyed queue, executor and settler) over a bucket and streams kept
+// in memory, so its rules are the runtime's and not a copy: nil is
+// Applied, workers.Refused is Refused, workers.Permanent is DeadLettered
+// with its reason, a plain error is Retried (or tried again, up to
+// WithAttempts times, so a transient failure can be shown to apply once it
+// passes), a panic is caught, and under a latest-wins Spec the older
 // events of a stream queued together are Superseded. Runner keeps state
-// between events and documents exactly what it models and what it does
-// not (crashes, redelivery, backoff).
+// between events and documents what differs from a server (backoff,
+// crashes, redelivery).
 //
 // Recorded streams: `steward export` writes JSONL; ReplayFile takes the
 // test's testing.TB and that file, replays it through a handler (in memory,

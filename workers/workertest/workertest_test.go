@@ -247,7 +247,7 @@ func TestRecordedStreamIsSupersededAsTheRuntimeWould(t *testing.T) {
 	// is handled in its turn, and 2 is refused as stale.
 	res.AssertVerdicts(workertest.Superseded, workertest.Applied, workertest.Applied, workertest.Refused)
 	res.AssertOutcomes("superseded", "applied", "applied", "skipped")
-	sup := workertest.OutcomeAs[workers.Superseded](res, workers.OutcomeSuperseded)
+	sup := workertest.OutcomeAs[events.Superseded](res, events.OutcomeSuperseded)
 	if sup.EventID != "rot-1-c1" || sup.SupersededBy != "rot-3-c3" || sup.SupersededBySequence != 2 {
 		t.Fatalf("superseded %+v", sup)
 	}
@@ -290,9 +290,12 @@ func TestRedeliveredFindsTheStageAndSaveStageCanFail(t *testing.T) {
 	}
 }
 
-func TestMemoryStateConflictsAsTheBucketDoes(t *testing.T) {
+// TestRunnerStateConflictsAsTheBucketDoes: a Runner's State is the
+// runtime's own over a bucket in memory, with the bucket's revisions and
+// compare-and-swap.
+func TestRunnerStateConflictsAsTheBucketDoes(t *testing.T) {
 	ctx := context.Background()
-	st := workers.NewMemoryState()
+	st := workertest.NewRunner(t, spec(&versions{}), &versions{}).State()
 	var v current
 	if rev, err := st.Get(ctx, "current", &v); rev != 0 || err != nil {
 		t.Fatalf("missing: %d %v", rev, err)
@@ -413,27 +416,34 @@ func TestReplayFileOnTheRealRuntimeAgreesWithMemory(t *testing.T) {
 	}
 }
 
-// TestNewBackendKeepsWhatAHandlerDoes calls a handler directly on a
-// workers.NewDelivery over NewBackend: its outcome and its stage are in
-// the Result, and a second emit of the same outcome is stored once, as the
-// outcome stream's dedupe window keeps it.
-func TestNewBackendKeepsWhatAHandlerDoes(t *testing.T) {
-	b, res := workertest.NewBackend(t)
-	d := workers.NewDelivery(spec(&versions{}), rotation(t, 1, "c1"), 7, 1, nil, b)
-	for range 2 {
-		if err := d.Emit(context.Background(), "applied", map[string]int{"version": 1}); err != nil {
+// TestUncheckedHandsTheHandlerWhatValidationRefuses runs a rotation whose
+// data the schema refuses (a version of 0 breaks its minimum, a field it
+// does not know) once as the runtime would, dead-lettered unhandled, and
+// once Unchecked: the handler then sees it, and what it does lands in the
+// Result as usual.
+func TestUncheckedHandsTheHandlerWhatValidationRefuses(t *testing.T) {
+	bad := func() event.Event {
+		e := event.New()
+		e.SetID("rot-bad")
+		e.SetSource("/test")
+		e.SetType(events.TypeCredentialRotated)
+		e.SetSubject("h1")
+		if err := e.SetData(events.ContentTypeJSON, map[string]any{"hive": "h1", "version": 0, "clientId": "c0", "secret": "x", "extra": true}); err != nil {
 			t.Fatal(err)
 		}
+		return e
 	}
-	if err := d.SaveStage(context.Background(), map[string]string{"step": "written"}); err != nil {
-		t.Fatal(err)
+	h := &versions{}
+	checked := workertest.Work(t, spec(h), h, bad())
+	checked.AssertVerdicts(workertest.DeadLettered)
+	if len(h.ran) != 0 {
+		t.Fatalf("the handler ran on data the schema refuses: %v", h.ran)
 	}
-	if len(res.Outcomes) != 1 || workertest.OutcomeName(res.Outcomes[0]) != "applied" {
-		t.Fatalf("outcomes %v, want one applied", res.Outcomes)
-	}
-	if len(res.Stages) != 1 || res.Stages[0].Sequence != 7 || string(res.Stages[0].Stage) != `{"step":"written"}` {
-		t.Fatalf("stages %+v, want the one saved at sequence 7", res.Stages)
-	}
+	unchecked := workertest.Work(t, spec(h), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		return d.Emit(ctx, "seen", map[string]string{"id": d.Event.ID()})
+	}), bad(), workertest.Unchecked())
+	unchecked.AssertVerdicts(workertest.Applied)
+	unchecked.AssertOutcomes("seen")
 }
 
 // flaky fails its first failures calls with a transient error, then runs
@@ -460,7 +470,7 @@ func (f *flaky) Handle(ctx context.Context, d *workers.Delivery) error {
 // retried at its first failure.
 func TestWithAttemptsAppliesATransientFailureOnceItPasses(t *testing.T) {
 	path := writeStream(t, rotation(t, 1, "c1"))
-	fast := workers.WithBackoff(workers.BackoffUpTo(10 * time.Millisecond))
+	fast := workers.WithMaxBackoff(10 * time.Millisecond)
 	for _, where := range []struct {
 		name string
 		opts []workertest.Option

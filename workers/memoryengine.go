@@ -1,0 +1,112 @@
+package workers
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/workers/internal/memory"
+)
+
+// workertest runs handlers through this engine, not a copy of its rules:
+// the same keyed queue, executor and settler, over the bucket, streams and
+// messages of workers/internal/memory. It reaches it through that internal
+// package, so the door is not part of this package's API.
+func init() { memory.NewEngine = newMemoryEngine }
+
+// memoryEngine is a Runtime over memory, fed one burst at a time by its
+// caller (memory.Engine).
+type memoryEngine struct{ w *Runtime }
+
+// newMemoryEngine builds the Runtime as New does, with what suits a test
+// as defaults (metrics of its own, retries at once), then puts memory
+// where the server would be: the streams seam, the bucket, and a source
+// that is complete (every event of the instance is delivered here, in
+// order, so the order scan is never needed).
+func newMemoryEngine(c memory.Config) (memory.Engine, error) {
+	spec, ok := c.Spec.(Spec)
+	if !ok {
+		return nil, fmt.Errorf("%w: the memory engine's spec is a %T, not a workers.Spec", ErrInvalidSpec, c.Spec)
+	}
+	h, ok := c.Handler.(Handler)
+	if !ok {
+		return nil, fmt.Errorf("%w: the memory engine's handler is a %T, not a workers.Handler", ErrInvalidSpec, c.Handler)
+	}
+	opts := make([]Option, 0, len(c.Options))
+	for _, o := range c.Options {
+		opt, ok := o.(Option)
+		if !ok {
+			return nil, fmt.Errorf("%w: an option of the memory engine is a %T, not a workers.Option", ErrInvalidSpec, o)
+		}
+		opts = append(opts, opt)
+	}
+	o := defaultOptions()
+	o.registerer = prometheus.NewRegistry()
+	o.newBackoff = func() backoff.BackOff { return &backoff.ZeroBackOff{} }
+	w, err := newRuntime(nil, spec, h, o, opts)
+	if err != nil {
+		return nil, err
+	}
+	w.streams = c.Streams
+	w.src = completeSource{}
+	w.queue.maxFailures = uint64(max(c.MaxFailures, 0))
+	w.handlerCtx = context.Background()
+	if err := w.bindStore(context.Background(), c.KV); err != nil {
+		return nil, err
+	}
+	return &memoryEngine{w: w}, nil
+}
+
+func (m *memoryEngine) Deliver(msgs []*memory.Msg, unchecked bool) {
+	w := m.w
+	// Every message is queued before any lane runs, as a pull of a burst
+	// is: a latest-wins lane then sees all of its key's events at once.
+	var runs []func()
+	for _, msg := range msgs {
+		meta, _ := msg.Metadata()
+		if run := w.accept(msg, meta); run != nil {
+			runs = append(runs, run)
+		}
+	}
+	if unchecked {
+		w.queue.mu.Lock()
+		for _, msg := range msgs {
+			meta, _ := msg.Metadata()
+			if h := w.queue.held[meta.Sequence.Stream]; h != nil {
+				h.validated = true
+			}
+		}
+		w.queue.mu.Unlock()
+	}
+	for _, run := range runs {
+		run()
+	}
+	// Undecodable events are dead-lettered by tasks of their own, and acks
+	// are confirmed off the lanes' path: both are waited for.
+	w.tasks.Wait()
+	w.settler.acks.Wait()
+	// What is left is parked or queued behind a parked event: handed back,
+	// as a stopping worker hands it back.
+	w.releaseQueued()
+}
+
+func (m *memoryEngine) Store() *events.Store { return m.w.store }
+
+func (m *memoryEngine) State() any { return m.w.state }
+
+// completeSource is the memory engine's source: the caller feeds it
+// (memoryEngine.Deliver), so it only says that every event of the
+// instance comes here, in stream order.
+type completeSource struct{}
+
+func (completeSource) ensure(context.Context, jetstream.Stream, *events.Store) error { return nil }
+func (completeSource) read(context.Context) (<-chan struct{}, error)                 { return nil, nil }
+func (completeSource) stopErr() error                                                { return nil }
+func (completeSource) drain()                                                        {}
+func (completeSource) finish(context.Context)                                        {}
+func (completeSource) complete() bool                                                { return true }
+func (completeSource) ackFloor(context.Context) (uint64, error)                      { return 0, nil }
