@@ -18,6 +18,7 @@ import (
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/fleet"
 	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/workertest"
 )
 
 // fleetLedger is the world the instances change: per instance, the
@@ -124,7 +125,7 @@ func TestFleetOnAClusterSurvivesANodeRestart(t *testing.T) {
 					// A wake-up lost with a dying node is covered by the
 					// reconnect's read; the resync is the last resort, short
 					// here to bound the test.
-					workers.WithResync(20*time.Second))
+					workertest.ResyncEvery(20*time.Second))
 				return err == nil, fmt.Sprint(err)
 			})
 			running.Add(1)

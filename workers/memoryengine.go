@@ -3,23 +3,30 @@ package workers
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/workers/internal/enginetest"
 	"github.com/steward-dev/steward/workers/internal/memory"
 )
 
 // workertest runs handlers through this engine, not a copy of its rules:
 // the same keyed queue, executor and settler, over the bucket, streams and
-// messages of workers/internal/memory. It reaches it through that internal
-// package, so the door is not part of this package's API.
-func init() { memory.NewEngine = newMemoryEngine }
+// messages of workers/internal/memory. It reaches it through
+// workers/internal/enginetest, so the door is not part of this package's
+// API.
+func init() {
+	enginetest.NewEngine = newMemoryEngine
+	enginetest.StatusInterval = func(d time.Duration) any { return Option(func(o *options) { o.statusInterval = d }) }
+	enginetest.Resync = func(d time.Duration) any { return Option(func(o *options) { o.resync = d }) }
+}
 
 // memoryEngine is a Runtime over memory, fed one burst at a time by its
-// caller (memory.Engine).
+// caller (enginetest.Engine).
 type memoryEngine struct{ w *Runtime }
 
 // newMemoryEngine builds the Runtime as New does, with what suits a test
@@ -27,7 +34,7 @@ type memoryEngine struct{ w *Runtime }
 // where the server would be: the streams seam, the bucket, and a source
 // that is complete (every event of the instance is delivered here, in
 // order, so the order scan is never needed).
-func newMemoryEngine(c memory.Config) (memory.Engine, error) {
+func newMemoryEngine(c enginetest.Config) (enginetest.Engine, error) {
 	spec, ok := c.Spec.(Spec)
 	if !ok {
 		return nil, fmt.Errorf("%w: the memory engine's spec is a %T, not a workers.Spec", ErrInvalidSpec, c.Spec)

@@ -77,7 +77,7 @@ func TestMetricsSayWhatAnOperatorAlertsOn(t *testing.T) {
 			return dep.call()
 		}
 		return nil
-	}), workers.WithAckWait(ackWait), workers.WithRegisterer(reg), workers.WithStatusInterval(10*time.Millisecond), cappedBackoff(50*time.Millisecond))
+	}), workers.WithAckWait(ackWait), workers.WithRegisterer(reg), workertest.StatusEvery(10*time.Millisecond), cappedBackoff(50*time.Millisecond))
 	publishRotation(t, js, "hive-n", 2)
 
 	workertest.WaitUntil(t, "the held event's age and the retrying key are measured", func() bool {

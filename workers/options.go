@@ -94,10 +94,6 @@ func WithMaxDeliver(n int) Option { return func(o *options) { o.maxDeliver = n }
 // before the event goes to the DLQ with the panic as its reason.
 func WithMaxPanics(n int) Option { return func(o *options) { o.maxPanics = n } }
 
-// WithStatusInterval sets how often, at most, the status document of the
-// keys being retried is written (StatusKey).
-func WithStatusInterval(d time.Duration) Option { return func(o *options) { o.statusInterval = d } }
-
 // WithTracerProvider sets where the runtime's spans go (one per delivery,
 // in the trace its event carries); the default is the global provider,
 // which internal/tracing sets from the OTEL_* environment.
@@ -109,10 +105,6 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 // consumer (ReadConsumer, the default) or straight from the stream
 // (ReadStream, for fleets of host-bound instances; see ReadStream).
 func WithReadMode(m ReadMode) Option { return func(o *options) { o.readMode = m } }
-
-// WithResync sets how often a ReadStream instance reads its subjects again
-// with nothing to wake it (every five minutes unless told).
-func WithResync(d time.Duration) Option { return func(o *options) { o.resync = d } }
 
 // WithSettledHook calls fn once the ack of every settled event is
 // confirmed (benchmarks and tests measure publish-to-settled with it). fn

@@ -68,7 +68,7 @@ func (b *bus) victim(t *testing.T, spec workers.Spec, reg *prometheus.Registry, 
 		t.Fatal(err)
 	}
 	_, js := b.srv.ConnectAs(t, id)
-	opts = append([]workers.Option{b.srv.DocumentKeys(t, id), workers.WithRegisterer(reg), workers.WithStatusInterval(50 * time.Millisecond)}, opts...)
+	opts = append([]workers.Option{b.srv.DocumentKeys(t, id), workers.WithRegisterer(reg), workertest.StatusEvery(50 * time.Millisecond)}, opts...)
 	return workertest.Start(t, js, spec, workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }), opts...)
 }
 
@@ -197,7 +197,7 @@ func TestABoxCannotMakeAnotherInstanceSkipItsEvents(t *testing.T) {
 			r = workertest.Start(t, js, spec, workers.HandlerFunc(func(_ context.Context, d *workers.Delivery) error {
 				handled <- versionOf(t, d)
 				return nil
-			}), b.srv.DocumentKeys(t, id), workers.WithRegisterer(reg), workers.WithStatusInterval(50*time.Millisecond), workers.WithLogger(zerolog.New(zerolog.NewTestWriter(t))))
+			}), b.srv.DocumentKeys(t, id), workers.WithRegisterer(reg), workertest.StatusEvery(50*time.Millisecond), workers.WithLogger(zerolog.New(zerolog.NewTestWriter(t))))
 			publishRotation(t, b.opJS, hive, 2)
 			select {
 			case v := <-handled:
@@ -235,7 +235,7 @@ func TestABoxCannotPauseOrRewindAStreamReader(t *testing.T) {
 		return workertest.Start(t, js, spec, workers.HandlerFunc(func(_ context.Context, d *workers.Delivery) error {
 			handled <- versionOf(t, d)
 			return nil
-		}), b.srv.DocumentKeys(t, id), workers.WithRegisterer(reg), workers.WithReadMode(workers.ReadStream), workers.WithStatusInterval(50*time.Millisecond)), reg
+		}), b.srv.DocumentKeys(t, id), workers.WithRegisterer(reg), workers.WithReadMode(workers.ReadStream), workertest.StatusEvery(50*time.Millisecond)), reg
 	}
 	next := func(want uint64) {
 		t.Helper()

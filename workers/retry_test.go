@@ -232,7 +232,7 @@ func TestRetryingKeysAreInTheStatusDocumentWithSecretsElided(t *testing.T) {
 			return fmt.Errorf("could not use %s: %w", secret, err)
 		}
 		return nil
-	}), cappedBackoff(50*time.Millisecond), workers.WithAckWait(300*time.Millisecond), workers.WithStatusInterval(10*time.Millisecond))
+	}), cappedBackoff(50*time.Millisecond), workers.WithAckWait(300*time.Millisecond), workertest.StatusEvery(10*time.Millisecond))
 	publishRotation(t, js, "hive-s", 1)
 
 	docs := workertest.OperatorDocs(t, js)
@@ -266,7 +266,7 @@ func TestTheStatusDocumentSaysAtOnceWhenAKeyStartsAndStopsRetrying(t *testing.T)
 	dep := &dependency{down: true}
 	r := workertest.Start(t, js, spec("prompt"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
 		return dep.call()
-	}), cappedBackoff(50*time.Millisecond), workers.WithStatusInterval(time.Hour))
+	}), cappedBackoff(50*time.Millisecond), workertest.StatusEvery(time.Hour))
 	docs := workertest.OperatorDocs(t, js)
 	publishRotation(t, js, "hive-p", 1)
 	workertest.WaitUntil(t, "the status document shows hive-p retrying", func() bool {

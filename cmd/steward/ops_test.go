@@ -98,7 +98,7 @@ func TestOpsStatusCommand(t *testing.T) {
 	js := srv.JetStream(t)
 	workertest.Start(t, js, testSpec("h1"), workers.HandlerFunc(func(context.Context, *workers.Delivery) error {
 		return fmt.Errorf("disk full \x1b[31mred\x1b[0m, secret %s", testSecret)
-	}), workers.WithStatusInterval(50*time.Millisecond), workers.WithMaxBackoff(50*time.Millisecond))
+	}), workertest.StatusEvery(50*time.Millisecond), workers.WithMaxBackoff(50*time.Millisecond))
 	publishRotation(t, js, "h1", 1)
 	var out string
 	workertest.WaitUntil(t, "status shows the retrying key", func() bool {

@@ -100,7 +100,7 @@ func TestNoComponentShowsASecret(t *testing.T) {
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	workertest.Start(t, r.js, spec, h,
 		workers.WithLogger(zerolog.New(&logs)), workers.WithTracerProvider(tp),
-		workers.WithStatusInterval(10*time.Millisecond),
+		workertest.StatusEvery(10*time.Millisecond),
 		workers.WithMaxBackoff(200*time.Millisecond))
 	workertest.PublishData(t, r.js, events.TypeCredentialRotated, "leak-hive",
 		events.CredentialRotated{Hive: "leak-hive", Version: 1, ClientID: "c", Secret: sealed})

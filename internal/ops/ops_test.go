@@ -80,7 +80,7 @@ func TestStatusRetryingKeysWithSecretsElided(t *testing.T) {
 		}
 		return fmt.Errorf("the credential folder is read-only; secret was %s", r.Secret)
 	})
-	w := workertest.Start(t, js, credSpec("h1"), h, workers.WithStatusInterval(50*time.Millisecond), workers.WithMaxBackoff(50*time.Millisecond))
+	w := workertest.Start(t, js, credSpec("h1"), h, workertest.StatusEvery(50*time.Millisecond), workers.WithMaxBackoff(50*time.Millisecond))
 	publishTraced(t, js, "h1", 1, "")
 
 	var in ops.Instance

@@ -15,6 +15,7 @@ import (
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/internal/enginetest"
 	"github.com/steward-dev/steward/workers/internal/memory"
 )
 
@@ -53,7 +54,7 @@ type Runner struct {
 	spec     workers.Spec
 	attempts int
 
-	engine  memory.Engine
+	engine  enginetest.Engine
 	kv      *memory.KV
 	streams *memory.Streams
 
@@ -90,7 +91,7 @@ func newRunner(t testing.TB, spec workers.Spec, h workers.Handler, c config) *Ru
 	r := &Runner{t: t, spec: spec, attempts: c.attempts, kv: memory.NewKV(events.CheckpointBucket), streams: memory.NewStreams()}
 	r.kv.Fail, r.kv.Written = r.failWrite, r.written
 	r.streams.Fail = r.failPublish
-	engine, err := memory.NewEngine(memory.Config{
+	engine, err := enginetest.NewEngine(enginetest.Config{
 		Spec:    spec,
 		Handler: workers.HandlerFunc(r.observe(h)),
 		Options: []any{

@@ -32,7 +32,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -48,6 +47,7 @@ import (
 	"github.com/steward-dev/steward/internal/streamread"
 	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/internal/enginetest"
 )
 
 // DefaultTimeout bounds every wait in this package.
@@ -154,15 +154,7 @@ func PublishData(t testing.TB, js jetstream.JetStream, typ, key string, data any
 // one per line, in order.
 func PublishFile(t testing.TB, js jetstream.JetStream, path string) []publisher.Ack {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	list, err := events.ReadJSONL(f)
-	if err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
+	list := readFile(t, path)
 	acks := make([]publisher.Ack, 0, len(list))
 	for _, e := range list {
 		acks = append(acks, Publish(t, js, e))
@@ -301,3 +293,14 @@ func DeadLetters(t testing.TB, js jetstream.JetStream, worker, instance string) 
 	}
 	return out
 }
+
+// StatusEvery makes a runtime write its status document (the keys it
+// retries and waits on, what it found forged) at most every d instead of
+// every five seconds, so a test sees it change without waiting.
+func StatusEvery(d time.Duration) workers.Option {
+	return enginetest.StatusInterval(d).(workers.Option)
+}
+
+// ResyncEvery makes a stream-reading runtime read its subjects again with
+// nothing to wake it every d instead of every five minutes.
+func ResyncEvery(d time.Duration) workers.Option { return enginetest.Resync(d).(workers.Option) }
