@@ -45,6 +45,11 @@ type keyedQueue struct {
 	// failure retried for as long as it lasts would never let a test end;
 	// a worker retries desired state until it applies.
 	maxFailures uint64
+	// inRounds, set only by an engine in memory, ends a lane's run when
+	// its head waits for a retry, rather than waiting on the clock:
+	// dueInRound starts it again once every other lane has run, as a
+	// worker's other lanes run while one waits out its backoff.
+	inRounds bool
 }
 
 func newKeyedQueue(latestWins bool, now func() time.Time, newBackoff func() backoff.BackOff, stopping *atomic.Bool, tasks *sync.WaitGroup) *keyedQueue {
@@ -188,9 +193,33 @@ func (q *keyedQueue) next(l *lane, b *batch) step {
 		}
 	}
 	if wait := l.queue[0].retryAt.Sub(q.now()); wait > 0 {
+		if q.inRounds {
+			l.running = false
+			return step{kind: stepDone}
+		}
 		return step{kind: stepWait, wait: wait}
 	}
 	return step{kind: stepRun, h: l.pop()}
+}
+
+// dueInRound makes every lane whose head waits for a retry (and is not
+// parked) due now, and claims it: the next round of an engine in memory
+// (inRounds). The caller runs what it returns.
+func (q *keyedQueue) dueInRound() []*lane {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var claimed []*lane
+	now := q.now()
+	for _, l := range q.lanes {
+		if len(l.queue) == 0 || l.running || l.blocked() || !l.queue[0].retryAt.After(now) {
+			continue
+		}
+		l.queue[0].retryAt = now
+		if q.claim(l) {
+			claimed = append(claimed, l)
+		}
+	}
+	return claimed
 }
 
 // takeHead takes h off l when it is still the head (a stream read found it

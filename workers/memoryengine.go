@@ -53,14 +53,17 @@ func newMemoryEngine(c enginetest.Config) (enginetest.Engine, error) {
 	}
 	o := defaultOptions()
 	o.registerer = prometheus.NewRegistry()
-	o.newBackoff = func() backoff.BackOff { return &backoff.ZeroBackOff{} }
+	// A retry waits for the next round (dueInRound), not for the clock:
+	// the interval only has to put it in the future.
+	o.newBackoff = func() backoff.BackOff { return backoff.NewConstantBackOff(time.Hour) }
 	w, err := newRuntime(nil, spec, h, o, opts)
 	if err != nil {
 		return nil, err
 	}
 	w.streams = c.Streams
 	w.src = completeSource{}
-	w.queue.maxFailures = uint64(max(c.MaxFailures, 0))
+	w.queue.maxFailures = uint64(max(c.MaxFailures, 1))
+	w.queue.inRounds = true
 	w.handlerCtx = context.Background()
 	if err := w.bindStore(context.Background(), c.KV); err != nil {
 		return nil, err
@@ -89,8 +92,19 @@ func (m *memoryEngine) Deliver(msgs []*memory.Msg, unchecked bool) {
 		}
 		w.queue.mu.Unlock()
 	}
-	for _, run := range runs {
-		run()
+	// Rounds: each lane runs until it is empty, parked, or its head
+	// fails; then the failed heads are tried again, after every other
+	// lane has had its turn, as a worker's lanes run on while one backs
+	// off. Each round costs a failing head an attempt, so the rounds end
+	// once every head is settled or parked.
+	for len(runs) > 0 {
+		for _, run := range runs {
+			run()
+		}
+		runs = runs[:0]
+		for _, l := range w.queue.dueInRound() {
+			runs = append(runs, w.laneRun(l))
+		}
 	}
 	// Undecodable events are dead-lettered by tasks of their own, and acks
 	// are confirmed off the lanes' path: both are waited for.

@@ -488,3 +488,43 @@ func TestWithAttemptsAppliesATransientFailureOnceItPasses(t *testing.T) {
 		}
 	}
 }
+
+// TestAFailedEventIsTriedAgainAfterOtherKeysRan: an event whose handler
+// needs another key's event applied first (as an invitation needs its
+// deployment's host floor) fails at its first attempt and applies at its
+// second, because the engine in memory tries it again only once every
+// other lane has had its turn, as a worker's lanes run on while one backs
+// off. With one attempt it is Retried, and the other key applies anyway.
+func TestAFailedEventIsTriedAgainAfterOtherKeysRan(t *testing.T) {
+	var mu sync.Mutex
+	floors := map[string]bool{}
+	h := workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if d.Key == "floor" {
+			floors["deployment"] = true
+			return d.Emit(ctx, "applied", map[string]string{"key": d.Key})
+		}
+		if !floors["deployment"] {
+			return errors.New("no host floor for the deployment yet")
+		}
+		return d.Emit(ctx, "applied", map[string]string{"key": d.Key})
+	})
+	s := workers.Spec{Name: "demo", Instance: "h1", Subjects: []string{"steward.events.credential.rotated.*"}, Types: []string{events.TypeCredentialRotated}}
+	ev := func(key string) event.Event {
+		e, err := events.New(events.TypeCredentialRotated, key, rotated{Hive: key, Version: 1, ClientID: "c", Secret: "-----BEGIN AGE ENCRYPTED FILE-----\nx\n-----END AGE ENCRYPTED FILE-----"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	twice := workertest.NewRunner(t, s, h, workertest.WithAttempts(2)).WorkAll([]event.Event{ev("box"), ev("floor")})
+	twice.AssertVerdicts(workertest.Applied, workertest.Applied)
+	if a := twice.Events[0].Attempts; a != 2 {
+		t.Fatalf("the waiting event ran %d times, want 2 (failed, then applied)", a)
+	}
+
+	floors = map[string]bool{}
+	once := workertest.NewRunner(t, s, h).WorkAll([]event.Event{ev("box"), ev("floor")})
+	once.AssertVerdicts(workertest.Retried, workertest.Applied)
+}

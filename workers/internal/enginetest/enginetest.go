@@ -41,7 +41,7 @@ type Config struct {
 	KV      *memory.KV
 	Streams *memory.Streams
 	// MaxFailures parks an event once its handler has failed that many
-	// times (0: never).
+	// times (at least once: a test must end).
 	MaxFailures int
 }
 
