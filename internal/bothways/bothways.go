@@ -73,9 +73,11 @@ type Want struct {
 	// different keys side by side, so the DLQ's own order is not defined.
 	DeadLetters []string
 	// State is the state documents the instance must hold after the
-	// story, by name, compared as JSON once the Worker's Normalise has
-	// run. Nil leaves them unchecked against the story; the two runs are
-	// compared with each other all the same.
+	// story, by name: each must be there and hold at least the top-level
+	// fields given, with those values (compared as JSON), and no other
+	// document may be there. Nil leaves them unchecked against the story;
+	// the two runs' documents are compared with each other whole all the
+	// same.
 	State map[string]any
 }
 
@@ -301,7 +303,7 @@ func (r *run) differences(want *run, steps []Step) []string {
 		}
 	}
 	if want.state != nil {
-		out = append(out, stateDifferences(r.state, want.state, "want")...)
+		out = append(out, stateShortOf(r.state, want.state)...)
 	}
 	return out
 }
@@ -337,37 +339,74 @@ func (m *run) against(rt *run, steps []Step) []string {
 			}
 		}
 	}
-	out = append(out, stateDifferences(m.state, rt.state, OnRuntime.String())...)
+	out = append(out, stateDifferences(m.state, rt.state)...)
 	return out
 }
 
-func stateDifferences(got, other map[string]any, otherName string) []string {
+// stateShortOf lists how the documents got fall short of want: a document
+// missing or not wanted, a field wanted with another value.
+func stateShortOf(got, want map[string]any) []string {
 	var out []string
-	names := map[string]bool{}
-	for n := range got {
-		names[n] = true
-	}
-	for n := range other {
-		names[n] = true
-	}
-	sorted := make([]string, 0, len(names))
-	for n := range names {
-		sorted = append(sorted, n)
-	}
-	slices.Sort(sorted)
-	for _, n := range sorted {
-		a, inGot := got[n]
-		b, inOther := other[n]
+	for _, n := range sortedNames(got, want) {
+		g, inGot := got[n]
+		w, inWant := want[n]
 		switch {
 		case !inGot:
-			out = append(out, fmt.Sprintf("no state document %s, %s %s", n, otherName, jsonText(b)))
-		case !inOther:
-			out = append(out, fmt.Sprintf("state document %s is %s, %s none", n, jsonText(a), otherName))
-		case !reflect.DeepEqual(a, b):
-			out = append(out, fmt.Sprintf("state document %s is %s, %s %s", n, jsonText(a), otherName, jsonText(b)))
+			out = append(out, fmt.Sprintf("no state document %s, want one holding %s", n, jsonText(w)))
+			continue
+		case !inWant:
+			out = append(out, fmt.Sprintf("state document %s is %s, want none", n, jsonText(g)))
+			continue
+		}
+		gd, _ := g.(map[string]any)
+		wd, ok := w.(map[string]any)
+		if !ok || gd == nil {
+			if !reflect.DeepEqual(g, w) {
+				out = append(out, fmt.Sprintf("state document %s is %s, want %s", n, jsonText(g), jsonText(w)))
+			}
+			continue
+		}
+		for _, f := range sortedNames(wd) {
+			if !reflect.DeepEqual(gd[f], wd[f]) {
+				out = append(out, fmt.Sprintf("state document %s has %s %s, want %s", n, f, jsonText(gd[f]), jsonText(wd[f])))
+			}
 		}
 	}
 	return out
+}
+
+func sortedNames(maps ...map[string]any) []string {
+	var out []string
+	for _, m := range maps {
+		for n := range m {
+			if !slices.Contains(out, n) {
+				out = append(out, n)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// stateDifferences lists the documents in which the in-memory run's
+// state m and the runtime's rt differ.
+func stateDifferences(m, rt map[string]any) []string {
+	var out []string
+	for _, n := range sortedNames(m, rt) {
+		a, inM := m[n]
+		b, inRT := rt[n]
+		if inM != inRT || !reflect.DeepEqual(a, b) {
+			out = append(out, fmt.Sprintf("state document %s: %s %s, %s %s", n, InMemory, docText(a, inM), OnRuntime, docText(b, inRT)))
+		}
+	}
+	return out
+}
+
+func docText(doc any, present bool) string {
+	if !present {
+		return "none"
+	}
+	return jsonText(doc)
 }
 
 // keysOf lists the keys of two lists of "<key> <outcome>", in the order
