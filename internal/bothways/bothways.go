@@ -104,6 +104,10 @@ type Worker struct {
 	Handler workers.Handler
 	// Runtime are the options of the worker on the runtime (WithRuntime).
 	Runtime []workers.Option
+	// Options are workertest's options of the run (WithAttempts, for a
+	// story whose events the runtime may try before what they need has
+	// run in another key's lane).
+	Options []workertest.Option
 }
 
 // Runner runs the stories of one worker both ways.
@@ -133,7 +137,7 @@ func (r Runner) Run(t *testing.T, s Story) {
 	runs := map[Mode]*run{}
 	for _, m := range []Mode{InMemory, OnRuntime} {
 		w := r.New(t, m)
-		var opts []workertest.Option
+		opts := slices.Clone(w.Options)
 		if m == OnRuntime {
 			opts = append(opts, workertest.WithRuntime(w.Runtime...))
 		}
