@@ -49,6 +49,9 @@ func TestStoriesBothWays(t *testing.T) {
 		return bothways.Step{What: what, Event: bothways.Raw(t, typ, key, data)}
 	}
 	v := func(list ...workertest.Verdict) []workertest.Verdict { return list }
+	ran := func(versions ...string) map[string]any {
+		return map[string]any{"cloudRun": map[string]any{"ran": append([]string{}, versions...)}}
+	}
 	installed := func(version, from string) map[string]any {
 		return map[string]any{InstalledDoc: map[string]any{"version": version, "from": from, "updatedAt": bothwaysNow.Format(time.RFC3339)}}
 	}
@@ -58,7 +61,7 @@ func TestStoriesBothWays(t *testing.T) {
 		{
 			Name:  "happy path",
 			Steps: []bothways.Step{r110},
-			Want:  bothways.Want{Verdicts: v(workertest.Applied), Outcomes: []string{"shop succeeded"}, State: installed("1.1.0", "1.0.0")},
+			Want:  bothways.Want{Verdicts: v(workertest.Applied), Outcomes: []string{"shop succeeded"}, State: installed("1.1.0", "1.0.0"), Effects: ran("1.1.0")},
 		},
 		{
 			Name:  "every release is a step, applied in order: none is superseded",
@@ -66,7 +69,7 @@ func TestStoriesBothWays(t *testing.T) {
 			Want: bothways.Want{
 				Verdicts: v(workertest.Applied, workertest.Applied, workertest.Applied),
 				Outcomes: []string{"shop succeeded", "shop succeeded", "shop succeeded"},
-				State:    installed("1.3.0", "1.2.0"),
+				State:    installed("1.3.0", "1.2.0"), Effects: ran("1.1.0", "1.2.0", "1.3.0"),
 			},
 		},
 		{
@@ -75,7 +78,7 @@ func TestStoriesBothWays(t *testing.T) {
 			Want: bothways.Want{
 				Verdicts: v(workertest.Applied, workertest.Refused),
 				Outcomes: []string{"shop succeeded", "shop refused"},
-				State:    installed("1.1.0", "1.0.0"),
+				State:    installed("1.1.0", "1.0.0"), Effects: ran("1.1.0"),
 			},
 		},
 		{
@@ -84,7 +87,7 @@ func TestStoriesBothWays(t *testing.T) {
 			Want: bothways.Want{
 				Verdicts: v(workertest.Applied, workertest.Applied),
 				Outcomes: []string{"shop succeeded"},
-				State:    installed("1.1.0", "1.0.0"),
+				State:    installed("1.1.0", "1.0.0"), Effects: ran("1.1.0"),
 			},
 			KnownDivergence: "in memory the second copy of one id runs again and is refused as the installed version; on the runtime the stream stores it once",
 			Right:           bothways.OnRuntime,
@@ -95,7 +98,7 @@ func TestStoriesBothWays(t *testing.T) {
 			Want: bothways.Want{
 				Verdicts: v(workertest.Refused, workertest.Refused, workertest.Refused, workertest.Refused, workertest.Applied),
 				Outcomes: []string{"shop refused", "shop refused", "shop refused", "shop refused", "shop succeeded"},
-				State:    installed("1.1.0", "1.0.0"),
+				State:    installed("1.1.0", "1.0.0"), Effects: ran("1.1.0"),
 			},
 		},
 		{
@@ -111,7 +114,7 @@ func TestStoriesBothWays(t *testing.T) {
 				Verdicts: v(workertest.DeadLettered, workertest.DeadLettered, workertest.DeadLettered, workertest.DeadLettered, workertest.DeadLettered),
 				DeadLetters: []string{`"image"`, "/version: does not match pattern", "/version: does not match pattern",
 					"is not a Steward event type", `must equal the data's version "1.2.0"`},
-				State: map[string]any{},
+				State: map[string]any{}, Effects: ran(),
 			},
 		},
 	}
@@ -130,12 +133,36 @@ var bothwaysNow = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 // each run, with its own Cloud Run fake and the fixed clock.
 func installRunner(reg string, key keyPair) bothways.Runner {
 	return bothways.Runner{New: func(t *testing.T, _ bothways.Mode) bothways.Worker {
-		w, err := New(cloudRunConfig(reg, key, cloudrunfake.Start(t)))
+		fake := cloudrunfake.Start(t)
+		w, err := New(cloudRunConfig(reg, key, fake))
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = w.Close() })
 		w.now = func() time.Time { return bothwaysNow }
-		return bothways.Worker{Spec: w.Spec(), Handler: w}
+		return bothways.Worker{Spec: w.Spec(), Handler: w, Effects: func(*testing.T) map[string]any {
+			return map[string]any{"cloudRun": map[string]any{"ran": ranVersions(fake)}}
+		}}
 	}}
+}
+
+// ranVersions lists the releases whose ops image the fake's executions
+// ran, oldest first, by version (image of the version), or the image
+// itself when it is no release's.
+func ranVersions(fake *cloudrunfake.Server) []string {
+	out := []string{}
+	for _, name := range fake.Executions() {
+		img := ""
+		if cs := fake.Execution(name).GetTemplate().GetContainers(); len(cs) > 0 {
+			img = cs[0].GetImage()
+		}
+		ran := img
+		for _, v := range []string{"0.9.0", "1.1.0", "1.2.0", "1.3.0", "2.0.1", "2.0.2", "2.0.7"} {
+			if img == image(v) {
+				ran = v
+			}
+		}
+		out = append(out, ran)
+	}
+	return out
 }

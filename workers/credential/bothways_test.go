@@ -66,20 +66,23 @@ func TestStoriesBothWays(t *testing.T) {
 	}
 	recorded := recordedSteps(t, "testdata/rotations.jsonl")
 	none := map[string]any{}
+	holds := func(clientID string) map[string]any {
+		return map[string]any{"pair": map[string]any{"clientId": clientID, "secret": "its client's"}}
+	}
 	v := func(list ...workertest.Verdict) []workertest.Verdict { return list }
 
 	stories := []bothways.Story{
 		{
 			Name:  "happy path",
 			Steps: []bothways.Step{v1},
-			Want:  bothways.Want{Verdicts: v(workertest.Applied), Outcomes: []string{"hive-1 applied"}, State: none},
+			Want:  bothways.Want{Verdicts: v(workertest.Applied), Outcomes: []string{"hive-1 applied"}, State: none, Effects: holds("client-1")},
 		},
 		{
 			Name:  "the same rotation republished, queued together: the copy supersedes the first",
 			Steps: []bothways.Step{rotation(1, "client-1"), rotation(1, "client-1")},
 			Want: bothways.Want{
 				Verdicts: v(workertest.Superseded, workertest.Applied),
-				Outcomes: []string{"hive-1 superseded", "hive-1 applied"}, State: none,
+				Outcomes: []string{"hive-1 superseded", "hive-1 applied"}, State: none, Effects: holds("client-1"),
 			},
 		},
 		{
@@ -89,16 +92,17 @@ func TestStoriesBothWays(t *testing.T) {
 			Steps: []bothways.Step{v1, v1},
 			Want: bothways.Want{
 				Verdicts: v(workertest.Applied, workertest.Applied),
-				Outcomes: []string{"hive-1 applied"}, State: none,
+				Outcomes: []string{"hive-1 applied"}, State: none, Effects: holds("client-1"),
 			},
-			KnownDivergence: dedupeDivergence, Right: bothways.OnRuntime,
+			KnownDivergence: "in memory the second copy of one id supersedes the first; on the runtime the stream stores it once",
+			Right:           bothways.OnRuntime,
 		},
 		{
 			Name:  "latest wins: of v1, v3 and v2 queued together v1 is superseded, v3 applied, v2 skipped as older",
 			Steps: []bothways.Step{rotation(1, "client-1"), rotation(3, "client-3"), rotation(2, "client-2")},
 			Want: bothways.Want{
 				Verdicts: v(workertest.Superseded, workertest.Applied, workertest.Refused),
-				Outcomes: []string{"hive-1 superseded", "hive-1 applied", "hive-1 skipped"}, State: none,
+				Outcomes: []string{"hive-1 superseded", "hive-1 applied", "hive-1 skipped"}, State: none, Effects: holds("client-3"),
 			},
 		},
 		{
@@ -107,6 +111,9 @@ func TestStoriesBothWays(t *testing.T) {
 			Want: bothways.Want{
 				Verdicts: v(workertest.Superseded, workertest.Refused, workertest.Applied, workertest.Refused),
 				Outcomes: []string{"hive-1 superseded", "hive-1 refused", "hive-1 applied", "hive-1 skipped"}, State: none,
+				// The recorded secrets are not the stories' own: the pair is
+				// known by its client id.
+				Effects: map[string]any{"pair": map[string]any{"clientId": "client-3"}},
 			},
 		},
 		{
@@ -114,7 +121,7 @@ func TestStoriesBothWays(t *testing.T) {
 			Steps: []bothways.Step{rotation(1, "client-1"), step(rotationName(2, hive, "signed, its secret for hive-2"), signed(t, toOtherHive))},
 			Want: bothways.Want{
 				Verdicts: v(workertest.Applied, workertest.Refused),
-				Outcomes: []string{"hive-1 applied", "hive-1 refused"}, State: none,
+				Outcomes: []string{"hive-1 applied", "hive-1 refused"}, State: none, Effects: holds("client-1"),
 			},
 		},
 		{
@@ -122,7 +129,7 @@ func TestStoriesBothWays(t *testing.T) {
 			Steps: []bothways.Step{rotation(1, "client-1"), step(rotationName(math.MaxUint64, hive, "unsigned"), data(math.MaxUint64, "attacker"))},
 			Want: bothways.Want{
 				Verdicts: v(workertest.Applied, workertest.Refused),
-				Outcomes: []string{"hive-1 applied", "hive-1 refused"}, State: none,
+				Outcomes: []string{"hive-1 applied", "hive-1 refused"}, State: none, Effects: holds("client-1"),
 			},
 		},
 		{
@@ -130,7 +137,7 @@ func TestStoriesBothWays(t *testing.T) {
 			Steps: []bothways.Step{step(rotationName(9, hive, "signed by another key"), signedWith(t, attackerPriv, data(9, "attacker"))), rotation(1, "client-1")},
 			Want: bothways.Want{
 				Verdicts: v(workertest.Refused, workertest.Applied),
-				Outcomes: []string{"hive-1 refused", "hive-1 applied"}, State: none,
+				Outcomes: []string{"hive-1 refused", "hive-1 applied"}, State: none, Effects: holds("client-1"),
 			},
 		},
 		{
@@ -151,6 +158,7 @@ func TestStoriesBothWays(t *testing.T) {
 				Outcomes:    []string{"hive-1 applied"},
 				DeadLetters: []string{`"path"`, "/version: is below the minimum 1", "/secret: does not match pattern", "/hive: does not match pattern", "/hive: does not match pattern", "is not a Steward event type", `must equal the data's hive "hive-2"`},
 				State:       none,
+				Effects:     holds("client-3"),
 			},
 		},
 	}
@@ -175,7 +183,7 @@ func TestStoriesBothWays(t *testing.T) {
 			Steps: []bothways.Step{rotation(1, "client-1"), step(rotationName(2, "hive-2", "signed"), misrouted)},
 			Want: bothways.Want{
 				Verdicts: v(workertest.Applied, workertest.Refused),
-				Outcomes: []string{"hive-1 applied", "hive-2 refused"}, State: none,
+				Outcomes: []string{"hive-1 applied", "hive-2 refused"}, State: none, Effects: holds("client-1"),
 			},
 		})
 	})
@@ -187,10 +195,8 @@ func TestStoriesBothWays(t *testing.T) {
 // would.
 func hiveRunner(hive string, wide bool) bothways.Runner {
 	return bothways.Runner{New: func(t *testing.T, _ bothways.Mode) bothways.Worker {
-		w, err := credential.New(credential.Config{
-			Hive: hive, AgeIdentity: "testdata/hive-1.agekey", ControllerKey: controllerPub,
-			CredentialDir: filepath.Join(t.TempDir(), "credentials"),
-		})
+		dir := filepath.Join(t.TempDir(), "credentials")
+		w, err := credential.New(credential.Config{Hive: hive, AgeIdentity: "testdata/hive-1.agekey", ControllerKey: controllerPub, CredentialDir: dir})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -199,8 +205,30 @@ func hiveRunner(hive string, wide bool) bothways.Runner {
 			spec.Instance = "wide"
 			spec.Subjects = []string{events.EventsPrefix + ".credential.rotated.*"}
 		}
-		return bothways.Worker{Spec: spec, Handler: w}
+		return bothways.Worker{Spec: spec, Handler: w, Effects: func(t *testing.T) map[string]any {
+			return map[string]any{"pair": pairOf(t, dir)}
+		}}
 	}}
+}
+
+// pairOf is the pair the hive's agents read in dir, as an effect: its
+// client id, and whose secret it holds (the stories' secrets are
+// "s3cr3t-<client id>"), so no secret is printed; empty when none is in
+// place.
+func pairOf(t *testing.T, dir string) map[string]any {
+	t.Helper()
+	clientID, secret, err := readPair(dir)
+	if isNotExist(err) {
+		return map[string]any{}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	whose := "another client's"
+	if secret == "s3cr3t-"+clientID {
+		whose = "its client's"
+	}
+	return map[string]any{"clientId": clientID, "secret": whose}
 }
 
 func rotationName(version uint64, hive, how string) string {
@@ -229,13 +257,3 @@ func recordedSteps(t *testing.T, path string) []bothways.Step {
 	}
 	return out
 }
-
-// The divergences between workertest's in-memory Runner and the runtime
-// that the stories find today (issue 24: the in-memory mode is to run the
-// runtime's own executor and settler, and these go with its copy).
-const (
-	// dedupeDivergence: the Runner does not model the stream's dedupe
-	// window, so an event given twice with one id runs twice (the first
-	// superseded by the second); on the runtime it is stored once.
-	dedupeDivergence = "in memory the second copy of one id supersedes the first; on the runtime the stream stores it once and applies it"
-)

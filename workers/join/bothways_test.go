@@ -3,6 +3,8 @@ package join_test
 import (
 	"crypto/ed25519"
 	"crypto/rand"
+	"encoding/json"
+	"os"
 	"testing"
 	"time"
 
@@ -70,6 +72,9 @@ func TestStoriesBothWays(t *testing.T) {
 	// kept is the state of a box that keeps the floor of the story's
 	// event floorSeq and the invitation of its event invitationSeq (the
 	// documents hold the signed envelope and which event brought it).
+	guard := func(enrollment string, armRuns int, floor string) map[string]any {
+		return map[string]any{"guard": map[string]any{"armed": enrollment, "armRuns": armRuns, "policyFloor": floor}}
+	}
 	kept := func(floorSeq, invitationSeq int) map[string]any {
 		return map[string]any{
 			"floor":      map[string]any{"sequence": floorSeq},
@@ -85,7 +90,7 @@ func TestStoriesBothWays(t *testing.T) {
 			Want: bothways.Want{
 				Verdicts: v(workertest.Applied, workertest.Applied),
 				Outcomes: []string{"dep floor-accepted", "box-1 armed"},
-				State:    kept(1, 2),
+				State:    kept(1, 2), Effects: guard("enr-1", 1, "1.0.0"),
 			},
 		},
 		{
@@ -94,7 +99,7 @@ func TestStoriesBothWays(t *testing.T) {
 			Want: bothways.Want{
 				Verdicts: v(workertest.Applied, workertest.Superseded, workertest.Applied),
 				Outcomes: []string{"dep floor-accepted", "box-1 superseded", "box-1 armed"},
-				State:    kept(1, 3),
+				State:    kept(1, 3), Effects: guard("enr-1", 1, "1.0.0"),
 			},
 		},
 		{
@@ -103,7 +108,7 @@ func TestStoriesBothWays(t *testing.T) {
 			Want: bothways.Want{
 				Verdicts: v(workertest.Applied, workertest.Applied),
 				Outcomes: []string{"dep floor-accepted"},
-				State:    map[string]any{"floor": map[string]any{"sequence": 1}},
+				State:    map[string]any{"floor": map[string]any{"sequence": 1}}, Effects: guard("", 0, ""),
 			},
 			KnownDivergence: "in memory the second copy of one id supersedes the first; on the runtime the stream stores it once",
 			Right:           bothways.OnRuntime,
@@ -117,7 +122,7 @@ func TestStoriesBothWays(t *testing.T) {
 			Want: bothways.Want{
 				Verdicts: v(workertest.Superseded, workertest.Applied, workertest.Applied, workertest.Superseded, workertest.Applied),
 				Outcomes: []string{"dep superseded", "dep floor-accepted", "dep floor-kept", "box-1 superseded", "box-1 armed"},
-				State:    kept(2, 5),
+				State:    kept(2, 5), Effects: guard("enr-2", 1, "1.2.0"),
 			},
 		},
 		{
@@ -131,7 +136,7 @@ func TestStoriesBothWays(t *testing.T) {
 			Want: bothways.Want{
 				Verdicts: v(workertest.Applied, workertest.Refused, workertest.Refused, workertest.Applied),
 				Outcomes: []string{"dep floor-accepted", "box-1 refused", "box-1 refused", "box-1 armed"},
-				State:    kept(1, 4),
+				State:    kept(1, 4), Effects: guard("enr-1", 1, "1.0.0"),
 			},
 		},
 		{
@@ -147,7 +152,7 @@ func TestStoriesBothWays(t *testing.T) {
 				Verdicts: v(workertest.DeadLettered, workertest.DeadLettered, workertest.DeadLettered, workertest.DeadLettered, workertest.DeadLettered),
 				DeadLetters: []string{`"grants"`, "/box: does not match pattern", "/box: does not match pattern",
 					"is not a Steward event type", `must equal the data's box "box-2"`},
-				State: map[string]any{},
+				State: map[string]any{}, Effects: guard("", 0, ""),
 			},
 		},
 	}
@@ -172,7 +177,7 @@ func TestStoriesBothWays(t *testing.T) {
 			Want: bothways.Want{
 				Verdicts: v(workertest.Applied, workertest.Refused),
 				Outcomes: []string{"dep floor-accepted", "box-2 refused"},
-				State:    map[string]any{"floor": map[string]any{"sequence": 1}},
+				State:    map[string]any{"floor": map[string]any{"sequence": 1}}, Effects: guard("", 0, ""),
 			},
 		})
 	})
@@ -187,6 +192,28 @@ func swappedPayload(t *testing.T, f *fixture) events.InvitationWritten {
 	forged.Enrollment = "enr-forged"
 	d.Envelope.Payload = f.sign(forged).Envelope.Payload
 	return d
+}
+
+// guard is what the worker did to the box, as an effect: the enrollment
+// the armed marker holds, how often the arm command ran, and the floor the
+// guard's policy holds ("" for what is not there).
+func (f *fixture) guard(t *testing.T) map[string]any {
+	t.Helper()
+	var marker join.Enrollment
+	var policy join.Policy
+	for path, v := range map[string]any{f.cfg.ArmedMarker: &marker, join.PolicyPath(f.cfg.OptDir): &policy} {
+		raw, err := os.ReadFile(path)
+		if os.IsNotExist(err) {
+			continue
+		}
+		if err == nil {
+			err = json.Unmarshal(raw, v)
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+	}
+	return map[string]any{"guard": map[string]any{"armed": marker.Enrollment, "armRuns": f.armRuns(), "policyFloor": policy.Floor.MinAgentVersion}}
 }
 
 // boxRunner makes a fresh join worker of keys' box for each run, with its
@@ -206,7 +233,7 @@ func boxRunner(keys *fixture, wide bool) bothways.Runner {
 			spec.Subjects = []string{"steward.events.invitation.written.>", spec.Subjects[1]}
 		}
 		return bothways.Worker{
-			Spec: spec, Handler: w,
+			Spec: spec, Handler: w, Effects: f.guard,
 			Runtime: []workers.Option{workers.WithBackoff(func() backoff.BackOff { return backoff.NewConstantBackOff(20 * time.Millisecond) })},
 			Options: []workertest.Option{workertest.WithAttempts(20)},
 		}
