@@ -5,9 +5,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/bothways"
 	"github.com/steward-dev/steward/internal/signing"
+	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/converge/cloudrunfake"
 	"github.com/steward-dev/steward/workers/workertest"
 )
@@ -120,7 +123,41 @@ func TestStoriesBothWays(t *testing.T) {
 	}
 	for _, s := range stories {
 		t.Run(s.Name, func(t *testing.T) {
-			installRunner(reg, key).Run(t, s)
+			installRunner(reg, key, 0, 1).Run(t, s)
+		})
+	}
+
+	// Cloud Run unavailable for the first GetJob calls (down), with the
+	// handler given attempts tries (workertest.WithAttempts).
+	retries := []struct {
+		down, attempts int
+		story          bothways.Story
+	}{
+		{2, 3, bothways.Story{
+			Name:  "Cloud Run unavailable twice: the release is tried again and applies once it passes",
+			Steps: []bothways.Step{release("1.1.0"), release("1.2.0")},
+			Want: bothways.Want{
+				Verdicts: v(workertest.Applied, workertest.Applied),
+				Outcomes: []string{"shop succeeded", "shop succeeded"},
+				State:    installed("1.2.0", "1.1.0"), Effects: ran("1.1.0", "1.2.0"),
+			},
+		}},
+		{3, 1, bothways.Story{
+			Name:  "Cloud Run unavailable: the release is retried and the next one waits behind it",
+			Steps: []bothways.Step{release("1.1.0"), release("1.2.0")},
+			Want: bothways.Want{
+				Verdicts: v(workertest.Retried, workertest.Waiting),
+				// The seed from --installed-version, written before the
+				// first converge, and nothing run.
+				State: map[string]any{InstalledDoc: map[string]any{"version": "1.0.0", "seed": true}}, Effects: ran(),
+			},
+			KnownDivergence: "on the runtime Replay waits until the waiting release has been tried, so the runtime retries the first past WithAttempts until Cloud Run answers and both apply (with a failure that lasts, Replay fails after 30s); in memory the first is retried once and the second waits",
+			Right:           bothways.InMemory,
+		}},
+	}
+	for _, r := range retries {
+		t.Run(r.story.Name, func(t *testing.T) {
+			installRunner(reg, key, r.down, r.attempts).Run(t, r.story)
 		})
 	}
 }
@@ -130,19 +167,29 @@ func TestStoriesBothWays(t *testing.T) {
 var bothwaysNow = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 // installRunner makes a fresh converge worker of the test install for
-// each run, with its own Cloud Run fake and the fixed clock.
-func installRunner(reg string, key keyPair) bothways.Runner {
+// each run, with its own Cloud Run fake, unavailable for the first down
+// GetJob calls, and the fixed clock; a failing event is tried attempts
+// times (on the runtime after a short backoff).
+func installRunner(reg string, key keyPair, down, attempts int) bothways.Runner {
 	return bothways.Runner{New: func(t *testing.T, _ bothways.Mode) bothways.Worker {
 		fake := cloudrunfake.Start(t)
+		for range down {
+			fake.FailNext("GetJob", codes.Unavailable)
+		}
 		w, err := New(cloudRunConfig(reg, key, fake))
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = w.Close() })
 		w.now = func() time.Time { return bothwaysNow }
-		return bothways.Worker{Spec: w.Spec(), Handler: w, Effects: func(*testing.T) map[string]any {
-			return map[string]any{"cloudRun": map[string]any{"ran": ranVersions(fake)}}
-		}}
+		return bothways.Worker{
+			Spec: w.Spec(), Handler: w,
+			Runtime: []workers.Option{fastRetries()},
+			Options: []workertest.Option{workertest.WithAttempts(attempts)},
+			Effects: func(*testing.T) map[string]any {
+				return map[string]any{"cloudRun": map[string]any{"ran": ranVersions(fake)}}
+			},
+		}
 	}}
 }
 
