@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -82,6 +83,18 @@ func TestStoriesBothWays(t *testing.T) {
 		}
 	}
 	f100 := floor("1.0.0")
+	// floorOf is a floor of deployment signed by key.
+	floorOf := func(what string, key ed25519.PrivateKey, deployment string) bothways.Step {
+		data, err := join.SignHostFloor(key, events.HostFloor{V: 1, Deployment: deployment, MinAgentVersion: "2.0.0", Binaries: []string{strings.Repeat("cd", 32)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := events.New(events.TypeHostFloorPublished, deployment, data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bothways.Step{What: "hostfloor.published 2.0.0 for " + deployment + " (" + what + ")", Event: e}
+	}
 
 	stories := []bothways.Story{
 		{
@@ -137,6 +150,19 @@ func TestStoriesBothWays(t *testing.T) {
 				Verdicts: v(workertest.Applied, workertest.Refused, workertest.Refused, workertest.Applied),
 				Outcomes: []string{"dep floor-accepted", "box-1 refused", "box-1 refused", "box-1 armed"},
 				State:    kept(1, 4), Effects: guard("enr-1", 1, "1.0.0"),
+			},
+		},
+		{
+			Name: "floors: another deployment's is acknowledged and not kept, one signed by another key is refused",
+			Steps: []bothways.Step{
+				floorOf("signed", keys.release.(ed25519.PrivateKey), "dep-2"),
+				floorOf("signed by another key", stranger, "dep"),
+				floor("1.0.0"),
+			},
+			Want: bothways.Want{
+				Verdicts: v(workertest.Applied, workertest.Refused, workertest.Applied),
+				Outcomes: []string{"dep floor-refused", "dep floor-accepted"},
+				State:    map[string]any{"floor": map[string]any{"sequence": 3}}, Effects: guard("", 0, ""),
 			},
 		},
 		{
