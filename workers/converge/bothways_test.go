@@ -17,9 +17,9 @@ import (
 
 // TestStoriesBothWays runs each story of install shop (installed 1.0.0) in
 // memory and on the real runtime on an embedded server (issue 24): both
-// must come to the story's verdicts, outcomes, dead letters and installed
-// version, and to the same ones, outcome data and the whole installed
-// document included. Converge is not latest-wins: every release is a step,
+// must come to the story's verdicts, outcomes, dead letters, installed
+// version and the releases Cloud Run ran, and to the same ones, outcome
+// data and the whole installed document included. Converge is not latest-wins: every release is a step,
 // applied in stream order. Each run has its own Cloud Run fake, so the two
 // name their executions alike.
 func TestStoriesBothWays(t *testing.T) {

@@ -136,12 +136,13 @@ func TestStoriesBothWays(t *testing.T) {
 		})
 	}
 
-	// Another machine's grant, published as that machine's, is kept away
-	// by the consumer's filter on the runtime; in memory the Runner hands
-	// it to the handler, and Replay on the runtime waits for it until it
-	// fails (a divergence the report of issue 24 names). A consumer
-	// misconfigured to see every machine shows the handler's own guard,
-	// both ways.
+	// Another machine's grant, published as that machine's, is kept away by
+	// the consumer's filter on the runtime; in memory the Runner hands it to
+	// the handler all the same, and Replay on the runtime waits for it until
+	// its timeout fails the test: a divergence of workertest's in-memory
+	// model that issue 24's rewrite is to remove, which no story can tell
+	// both ways today. A consumer misconfigured to see every machine shows
+	// the handler's own guard, both ways.
 	other := e.grant(2, giv{"a", e.db("a"), passwords["attacker"]})
 	other.Machine = "db-2"
 	other = signGrant(t, other)
