@@ -107,6 +107,17 @@ func TestStoriesBothWays(t *testing.T) {
 			},
 		},
 		{
+			Name:  "an invitation ahead of any floor is retried until the floor behind it is kept, then arms the box",
+			Steps: []bothways.Step{invitation("enr-1", 0), floor("1.0.0")},
+			Want: bothways.Want{
+				Verdicts: v(workertest.Applied, workertest.Applied),
+				Outcomes: []string{"box-1 armed", "dep floor-accepted"},
+				State:    kept(2, 1), Effects: guard("enr-1", 1, "1.0.0"),
+			},
+			KnownDivergence: "in memory the invitation's attempts all run before the floor's lane has run, so it is retried and never armed; on the runtime the floor is kept between two attempts and the invitation arms",
+			Right:           bothways.OnRuntime,
+		},
+		{
 			Name:  "the same invitation republished, queued together: the copy supersedes the first",
 			Steps: []bothways.Step{floor("1.0.0"), invitation("enr-1", 0), invitation("enr-1", 0)},
 			Want: bothways.Want{
