@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/workers/workertest"
 )
 
@@ -68,7 +68,7 @@ func decode(t *testing.T, m Mode, name string, raw []byte) any {
 }
 
 // supersededByLater checks that a runtime superseded outcome
-// (workers.Superseded) names a later event as the one that superseded it,
+// (events.Superseded) names a later event as the one that superseded it,
 // and leaves out which: the runtime names the first newer verified event
 // it finds, in its queue or by reading the stream before the head runs, so
 // on the runtime which one is named depends on timing, while in memory it
@@ -82,7 +82,7 @@ func supersededByLater(t *testing.T, m Mode, data any) any {
 	if _, ok := doc["supersededBy"]; !ok {
 		return data
 	}
-	var s workers.Superseded
+	var s events.Superseded
 	raw, _ := json.Marshal(doc)
 	if err := json.Unmarshal(raw, &s); err != nil {
 		t.Fatalf("%s: a superseded outcome %s does not decode: %v", m, raw, err)

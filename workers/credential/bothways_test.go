@@ -169,12 +169,12 @@ func TestStoriesBothWays(t *testing.T) {
 	}
 
 	// Another hive's rotation, keyed and published as that hive's, is kept
-	// away by the consumer's filter on the runtime; in memory the Runner
-	// hands it to the handler all the same, and Replay on the runtime waits
-	// for it until its timeout fails the test: a divergence of workertest's
-	// in-memory model that issue 24's rewrite is to remove, which no story
-	// can tell both ways today. A consumer misconfigured to see every hive
-	// shows the handler's own guard, both ways.
+	// away by the consumer's filter on the runtime; in memory workertest's
+	// Runner hands it to the handler all the same (it does not apply
+	// Spec.Subjects), and Replay on the runtime waits for it until its
+	// timeout fails the test, so no story can tell it both ways today. A
+	// consumer misconfigured to see every hive shows the handler's own
+	// guard, both ways.
 	misrouted := data(2, "client-2")
 	misrouted.Hive = "hive-2"
 	t.Run("another hive's rotation reaching a consumer that sees every hive is refused", func(t *testing.T) {

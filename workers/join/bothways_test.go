@@ -9,11 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
-
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/bothways"
-	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/join"
 	"github.com/steward-dev/steward/workers/workertest"
 )
@@ -114,7 +111,7 @@ func TestStoriesBothWays(t *testing.T) {
 				Outcomes: []string{"box-1 armed", "dep floor-accepted"},
 				State:    kept(2, 1), Effects: guard("enr-1", 1, "1.0.0"),
 			},
-			KnownDivergence: "in memory the invitation's attempts all run before the floor's lane has run, so it is retried and never armed; on the runtime the floor is kept between two attempts and the invitation arms",
+			KnownDivergence: "in memory the invitation's attempts follow one another at once and all find no floor kept, so it is reported retried and the box is not armed; on the runtime the floor is kept during the backoff between two attempts and the invitation arms",
 			Right:           bothways.OnRuntime,
 		},
 		{
@@ -200,12 +197,11 @@ func TestStoriesBothWays(t *testing.T) {
 	}
 
 	// Another box's invitation, published as that box's, is kept away by the
-	// consumer's filter on the runtime; in memory the Runner hands it to the
-	// handler all the same, and Replay on the runtime waits for it until its
-	// timeout fails the test: a divergence of workertest's in-memory model
-	// that issue 24's rewrite is to remove, which no story can tell both
-	// ways today. A consumer misconfigured to see every box shows the
-	// handler's own guard, both ways.
+	// consumer's filter on the runtime; in memory workertest's Runner hands
+	// it to the handler all the same (it does not apply Spec.Subjects), and
+	// Replay on the runtime waits for it until its timeout fails the test,
+	// so no story can tell it both ways today. A consumer misconfigured to
+	// see every box shows the handler's own guard, both ways.
 	other := newFixture(t, "box-2")
 	other.console = keys.console
 	t.Run("another box's invitation reaching a consumer that sees every box is refused", func(t *testing.T) {
@@ -272,7 +268,7 @@ func boxRunner(keys *fixture, wide bool) bothways.Runner {
 		}
 		return bothways.Worker{
 			Spec: spec, Handler: w, Effects: f.guard,
-			Runtime: []workers.Option{workers.WithBackoff(func() backoff.BackOff { return backoff.NewConstantBackOff(20 * time.Millisecond) })},
+			Runtime: fastRetries(),
 			Options: []workertest.Option{workertest.WithAttempts(20)},
 		}
 	}}

@@ -137,12 +137,12 @@ func TestStoriesBothWays(t *testing.T) {
 	}
 
 	// Another machine's grant, published as that machine's, is kept away by
-	// the consumer's filter on the runtime; in memory the Runner hands it to
-	// the handler all the same, and Replay on the runtime waits for it until
-	// its timeout fails the test: a divergence of workertest's in-memory
-	// model that issue 24's rewrite is to remove, which no story can tell
-	// both ways today. A consumer misconfigured to see every machine shows
-	// the handler's own guard, both ways.
+	// the consumer's filter on the runtime; in memory workertest's Runner
+	// hands it to the handler all the same (it does not apply
+	// Spec.Subjects), and Replay on the runtime waits for it until its
+	// timeout fails the test, so no story can tell it both ways today. A
+	// consumer misconfigured to see every machine shows the handler's own
+	// guard, both ways.
 	other := e.grant(2, giv{"a", e.db("a"), passwords["attacker"]})
 	other.Machine = "db-2"
 	other = signGrant(t, other)
