@@ -92,7 +92,6 @@ func TestStoriesBothWays(t *testing.T) {
 				Outcomes: []string{"shop succeeded"},
 				State:    installed("1.1.0", "1.0.0"), Effects: ran("1.1.0"),
 			},
-			KnownDivergence: "in memory the second copy of one id runs again and is refused as the installed version; on the runtime the stream stores it once",
 			Right:           bothways.OnRuntime,
 		},
 		{

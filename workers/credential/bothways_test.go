@@ -94,7 +94,6 @@ func TestStoriesBothWays(t *testing.T) {
 				Verdicts: v(workertest.Applied, workertest.Applied),
 				Outcomes: []string{"hive-1 applied"}, State: none, Effects: holds("client-1"),
 			},
-			KnownDivergence: "in memory the second copy of one id supersedes the first; on the runtime the stream stores it once",
 			Right:           bothways.OnRuntime,
 		},
 		{

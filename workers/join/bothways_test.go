@@ -111,7 +111,6 @@ func TestStoriesBothWays(t *testing.T) {
 				Outcomes: []string{"box-1 armed", "dep floor-accepted"},
 				State:    kept(2, 1), Effects: guard("enr-1", 1, "1.0.0"),
 			},
-			KnownDivergence: "in memory the invitation's attempts follow one another at once and all find no floor kept, so it is reported retried and the box is not armed; on the runtime the floor is kept during the backoff between two attempts and the invitation arms",
 			Right:           bothways.OnRuntime,
 		},
 		{
@@ -131,7 +130,6 @@ func TestStoriesBothWays(t *testing.T) {
 				Outcomes: []string{"dep floor-accepted"},
 				State:    map[string]any{"floor": map[string]any{"sequence": 1}}, Effects: guard("", 0, ""),
 			},
-			KnownDivergence: "in memory the second copy of one id supersedes the first; on the runtime the stream stores it once",
 			Right:           bothways.OnRuntime,
 		},
 		{

@@ -89,7 +89,6 @@ func TestStoriesBothWays(t *testing.T) {
 				Verdicts: v(workertest.Applied, workertest.Applied),
 				Outcomes: []string{"db-1 applied"}, State: none, Effects: server(1, "first"),
 			},
-			KnownDivergence: "in memory the second copy of one id supersedes the first; on the runtime the stream stores it once",
 			Right:           bothways.OnRuntime,
 		},
 		{

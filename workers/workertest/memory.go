@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -208,26 +209,42 @@ func (r *Runner) run(list []event.Event, opts []WorkOption) *Result {
 	lettersBefore := len(r.streams.Messages(events.StreamDLQ))
 	c := &call{byID: map[uint64]string{}, tried: map[uint64]*Settled{}, settled: map[uint64]Verdict{}}
 
+	// Each event is stored as a publish stores it: once per id in one
+	// call, as inside the stream's dedupe window (a copy is the first's
+	// event, and reports what became of it); an event on a subject the
+	// worker does not consume is stored and never delivered.
 	msgs := make([]*memory.Msg, len(list))
+	first := map[string]*memory.Msg{}
+	var deliver []*memory.Msg
 	for i := range list {
 		e := list[i]
 		prepare(&e)
 		list[i] = e
-		msg, err := events.Encode(subjectOf(r.spec, e), e)
+		if m, ok := first[e.ID()]; ok {
+			msgs[i] = m
+			continue
+		}
+		subject := subjectOf(r.spec, e)
+		msg, err := events.Encode(subject, e)
 		if err != nil {
 			r.t.Fatalf("event %s: %v", e.ID(), err)
 		}
 		seq := r.streams.Append(events.StreamEvents, msg)
 		c.byID[seq] = e.ID()
+		msgs[i] = memory.NewMsg(r.streams.Messages(events.StreamEvents)[seq-1], max(wo.attempt, 1))
+		first[e.ID()] = msgs[i]
+		if !wo.unchecked && !consumes(r.spec, subject) {
+			continue
+		}
 		if wo.stage != nil {
 			r.seedStage(e, seq, wo.stage)
 		}
-		msgs[i] = memory.NewMsg(r.streams.Messages(events.StreamEvents)[seq-1], max(wo.attempt, 1))
+		deliver = append(deliver, msgs[i])
 	}
 	// Faults and the record of stages apply from here on: the stage a
 	// redelivery finds was seeded, not saved by this call.
 	r.setCall(c, wo)
-	r.engine.Deliver(msgs, wo.unchecked)
+	r.engine.Deliver(deliver, wo.unchecked)
 	r.setCall(nil, work{})
 
 	res := &Result{t: r.t}
@@ -272,6 +289,8 @@ func (r *Runner) settledOf(c *call, e event.Event, seq uint64, msg *memory.Msg, 
 	}
 	how, _ := msg.Settled()
 	switch v, ok := c.settled[seq]; {
+	case how == memory.Pending && !consumes(r.spec, msg.Subject()):
+		s.Verdict = Undelivered
 	case ok:
 		s.Verdict = v
 		if v != Refused {
@@ -404,6 +423,12 @@ func (r *Runner) failPublish(msg *nats.Msg, stream string) (err error) {
 	}
 	r.record(func(c *call) { err = c.emitErrs[OutcomeName(e)] })
 	return err
+}
+
+// consumes says whether a worker of spec is delivered events stored on
+// subject: one of its Subjects matches it, as its consumer's filter does.
+func consumes(spec workers.Spec, subject string) bool {
+	return slices.ContainsFunc(spec.Subjects, func(f string) bool { return memory.SubjectMatches(f, subject) })
 }
 
 // subjectOf is where a publisher would have put e: its kind's subject for

@@ -76,6 +76,9 @@ func replayOnServer(t testing.TB, list []event.Event, spec workers.Spec, h worke
 	// hostile one would.
 	list = slices.Clone(list)
 	seqs := make([]uint64, len(list))
+	// Events on subjects the worker does not consume are never delivered:
+	// nothing waits for them.
+	undelivered := map[uint64]bool{}
 	for i := range list {
 		prepare(&list[i])
 		msg, err := events.Encode(subjectOf(spec, list[i]), list[i])
@@ -87,6 +90,9 @@ func replayOnServer(t testing.TB, list []event.Event, spec workers.Spec, h worke
 			t.Fatalf("publish %s: %v", list[i].ID(), err)
 		}
 		seqs[i] = ack.Sequence
+		if !consumes(spec, msg.Subject) {
+			undelivered[ack.Sequence] = true
+		}
 	}
 	run := Start(t, js, spec, observed, opts...)
 	noun := spec.OutcomeNoun
@@ -104,6 +110,9 @@ func replayOnServer(t testing.TB, list []event.Event, spec workers.Spec, h worke
 		mu.Lock()
 		defer mu.Unlock()
 		for _, seq := range seqs {
+			if undelivered[seq] {
+				continue
+			}
 			_, s := settled[seq]
 			_, d := dead[seq]
 			if a, ok := tried[seq]; !s && !d && (!ok || a.Err == nil || workers.IsRefused(a.Err) || a.Attempts < c.attempts) {
@@ -126,6 +135,8 @@ func replayOnServer(t testing.TB, list []event.Event, spec workers.Spec, h worke
 			s.Key = spec.OrderKey(e)
 		}
 		switch v, ok := settled[seq]; {
+		case undelivered[seq]:
+			s.Verdict = Undelivered
 		case ok:
 			s.Verdict = v
 			if v == Applied || v == Superseded || v == Skipped {

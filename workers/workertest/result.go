@@ -39,8 +39,13 @@ const (
 	// Waiting: queued behind a Retried event of its key, not run.
 	Waiting Verdict = "waiting"
 	// Skipped: older than the event last applied for its key (a late
-	// redelivery). Only the real runtime (WithRuntime) reports it.
+	// redelivery).
 	Skipped Verdict = "skipped"
+	// Undelivered: stored on a subject the worker does not consume (none
+	// of Spec.Subjects matches it), so a server never delivers it to this
+	// worker and nothing happens. Not a count of the runtime's: it never
+	// sees the event.
+	Undelivered Verdict = "undelivered"
 )
 
 // Settled is what became of one event of a run.

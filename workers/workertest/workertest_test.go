@@ -193,7 +193,9 @@ func TestResultRulesAreTheRuntimes(t *testing.T) {
 		"bad":   workers.Permanent(errors.New("cannot be processed")),
 		"flaky": errors.New("database is down"),
 	}}
-	r := workertest.NewRunner(t, workers.Spec{Name: "demo", Instance: "h1", Subjects: []string{"x"}, Types: []string{events.TypeCredentialRotated}}, h)
+	// The worker reads the release subject too, so that an event of a type
+	// it does not handle reaches it, as on a consumer filtered that way.
+	r := workertest.NewRunner(t, workers.Spec{Name: "demo", Instance: "h1", Subjects: []string{"steward.events.credential.rotated.h1", "steward.events.release.published"}, Types: []string{events.TypeCredentialRotated}}, h)
 	r.Work(rotation(t, 5, "c5")).AssertVerdicts(workertest.Applied)
 
 	stale := r.Work(rotation(t, 4, "c4"))
@@ -234,6 +236,20 @@ func TestResultRulesAreTheRuntimes(t *testing.T) {
 	r.Work(wrong).AssertDeadLetters(`worker demo does not handle type "dev.steward.release.published.v1"`)
 	if len(h.ran) != before {
 		t.Fatal("the handler ran an invalid event")
+	}
+
+	// An event on a subject the worker does not consume never reaches
+	// it: a server never delivers it.
+	other, err := events.New(events.TypeCredentialRotated, "h2", rotated{Hive: "h2", Version: 1, ClientID: "c", Secret: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := r.Work(other)
+	gone.AssertVerdicts(workertest.Undelivered)
+	gone.AssertOutcomes()
+	gone.AssertDeadLetters()
+	if len(h.ran) != before {
+		t.Fatal("the handler ran an event on a subject the worker does not consume")
 	}
 }
 
@@ -276,7 +292,7 @@ func TestRedeliveredFindsTheStageAndSaveStageCanFail(t *testing.T) {
 		}
 		return d.SaveStage(ctx, map[string]uint64{"step": 2})
 	})
-	s := workers.Spec{Name: "demo", Instance: "h1", Subjects: []string{"x"}, Types: []string{events.TypeCredentialRotated}}
+	s := workers.Spec{Name: "demo", Instance: "h1", Subjects: []string{"steward.events.credential.rotated.h1"}, Types: []string{events.TypeCredentialRotated}}
 	res := workertest.Work(t, s, h, rotation(t, 1, "c1"), workertest.Redelivered(map[string]uint64{"step": 1}))
 	res.AssertVerdicts(workertest.Applied)
 	res.AssertStages(map[string]uint64{"step": 2})
