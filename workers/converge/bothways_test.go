@@ -92,7 +92,7 @@ func TestStoriesBothWays(t *testing.T) {
 				Outcomes: []string{"shop succeeded"},
 				State:    installed("1.1.0", "1.0.0"), Effects: ran("1.1.0"),
 			},
-			Right:           bothways.OnRuntime,
+			Right: bothways.OnRuntime,
 		},
 		{
 			Name:  "policy refusals: a downgrade, a bad signature, another key's signature, an unpinned image; then a good release applies",

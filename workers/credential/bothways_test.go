@@ -94,7 +94,7 @@ func TestStoriesBothWays(t *testing.T) {
 				Verdicts: v(workertest.Applied, workertest.Applied),
 				Outcomes: []string{"hive-1 applied"}, State: none, Effects: holds("client-1"),
 			},
-			Right:           bothways.OnRuntime,
+			Right: bothways.OnRuntime,
 		},
 		{
 			Name:  "latest wins: of v1, v3 and v2 queued together v1 is superseded, v3 applied, v2 skipped as older",

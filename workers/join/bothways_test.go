@@ -111,7 +111,7 @@ func TestStoriesBothWays(t *testing.T) {
 				Outcomes: []string{"box-1 armed", "dep floor-accepted"},
 				State:    kept(2, 1), Effects: guard("enr-1", 1, "1.0.0"),
 			},
-			Right:           bothways.OnRuntime,
+			Right: bothways.OnRuntime,
 		},
 		{
 			Name:  "the same invitation republished, queued together: the copy supersedes the first",
@@ -130,7 +130,7 @@ func TestStoriesBothWays(t *testing.T) {
 				Outcomes: []string{"dep floor-accepted"},
 				State:    map[string]any{"floor": map[string]any{"sequence": 1}}, Effects: guard("", 0, ""),
 			},
-			Right:           bothways.OnRuntime,
+			Right: bothways.OnRuntime,
 		},
 		{
 			Name: "latest wins: the newer floor and the newer invitation supersede the older queued before them",

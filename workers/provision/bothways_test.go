@@ -89,7 +89,7 @@ func TestStoriesBothWays(t *testing.T) {
 				Verdicts: v(workertest.Applied, workertest.Applied),
 				Outcomes: []string{"db-1 applied"}, State: none, Effects: server(1, "first"),
 			},
-			Right:           bothways.OnRuntime,
+			Right: bothways.OnRuntime,
 		},
 		{
 			Name:  "latest wins: of generations 1, 3 and 2 queued together 1 is superseded, 3 applied, 2 skipped as older",
