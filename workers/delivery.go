@@ -92,7 +92,7 @@ func (d *Delivery) LoadStage(v any) (bool, error) {
 // redelivery after a crash resumes there instead of starting over. The
 // write is a compare-and-swap on the checkpoint: if another process has
 // moved the key on meanwhile, SaveStage fails and the handler should stop.
-// A replay (Runtime.Replay) saves nothing.
+// A replay (package workers/replay) saves nothing.
 func (d *Delivery) SaveStage(ctx context.Context, v any) error {
 	raw, err := json.Marshal(v)
 	if err != nil {

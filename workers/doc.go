@@ -51,7 +51,7 @@ durable documents (the installed version, the newest host floor) live in
 its State, written with compare-and-swap. An event delivered more than
 WithMaxDeliver times without ever settling (a crash loop) is
 dead-lettered. SIGTERM stops pulling, lets handlers finish within the
-shutdown grace and naks the rest for immediate redelivery. Runtime.Replay
+shutdown grace and naks the rest for immediate redelivery. Package replay
 runs stored events through the handler again, outside the consumer.
 
 The keys being retried and the keys waiting behind an earlier event are

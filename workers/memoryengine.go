@@ -2,7 +2,6 @@ package workers
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -14,42 +13,19 @@ import (
 	"github.com/steward-dev/steward/workers/internal/memory"
 )
 
-// workertest runs handlers through this engine, not a copy of its rules:
-// the same keyed queue, executor and settler, over the bucket, streams and
-// messages of workers/internal/memory. It reaches it through
-// workers/internal/enginetest, so the door is not part of this package's
-// API.
-func init() {
-	enginetest.NewEngine = newMemoryEngine
-	enginetest.StatusInterval = func(d time.Duration) any { return Option(func(o *options) { o.statusInterval = d }) }
-	enginetest.Resync = func(d time.Duration) any { return Option(func(o *options) { o.resync = d }) }
-}
-
 // memoryEngine is a Runtime over memory, fed one burst at a time by its
 // caller (enginetest.Engine).
 type memoryEngine struct{ w *Runtime }
 
 // newMemoryEngine builds the Runtime as New does, with what suits a test
-// as defaults (metrics of its own, retries at once), then puts memory
+// as defaults (metrics of its own, retries in rounds), then puts memory
 // where the server would be: the streams seam, the bucket, and a source
 // that is complete (every event of the instance is delivered here, in
 // order, so the order scan is never needed).
 func newMemoryEngine(c enginetest.Config) (enginetest.Engine, error) {
-	spec, ok := c.Spec.(Spec)
-	if !ok {
-		return nil, fmt.Errorf("%w: the memory engine's spec is a %T, not a workers.Spec", ErrInvalidSpec, c.Spec)
-	}
-	h, ok := c.Handler.(Handler)
-	if !ok {
-		return nil, fmt.Errorf("%w: the memory engine's handler is a %T, not a workers.Handler", ErrInvalidSpec, c.Handler)
-	}
-	opts := make([]Option, 0, len(c.Options))
-	for _, o := range c.Options {
-		opt, ok := o.(Option)
-		if !ok {
-			return nil, fmt.Errorf("%w: an option of the memory engine is a %T, not a workers.Option", ErrInvalidSpec, o)
-		}
-		opts = append(opts, opt)
+	spec, h, opts, err := engineArgs(c.Spec, c.Handler, c.Options)
+	if err != nil {
+		return nil, err
 	}
 	o := defaultOptions()
 	o.registerer = prometheus.NewRegistry()

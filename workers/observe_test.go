@@ -17,6 +17,7 @@ import (
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/ops"
 	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/replay"
 	"github.com/steward-dev/steward/workers/workertest"
 )
 
@@ -98,14 +99,14 @@ func TestRecordedStreamReplaysFromJSONL(t *testing.T) {
 	}
 
 	// Replaying the stream through the handler again, outside the consumer.
-	var results []workers.ReplayResult
-	if err := r.Replay(context.Background(), workers.ReplayFrom{}, true, func(res workers.ReplayResult) { results = append(results, res) }); err != nil {
+	var results []replay.Result
+	if err := r.Replayer(t).Replay(context.Background(), replay.From{}, true, nil, func(res replay.Result) { results = append(results, res) }); err != nil {
 		t.Fatal(err)
 	}
 	if len(results) != 2 || results[0].Err != nil || results[0].Key != "hive-j" {
 		t.Fatalf("dry run: %+v", results)
 	}
-	if err := r.Replay(context.Background(), workers.ReplayFrom{Sequence: 2}, false, func(workers.ReplayResult) {}); err != nil {
+	if err := r.Replayer(t).Replay(context.Background(), replay.From{Sequence: 2}, false, nil, func(replay.Result) {}); err != nil {
 		t.Fatal(err)
 	}
 	if rec.count(2) != 2 || rec.count(1) != 1 {

@@ -11,6 +11,7 @@ import (
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/streamread"
 	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/replay"
 	"github.com/steward-dev/steward/workers/workertest"
 )
 
@@ -52,11 +53,11 @@ func TestOutcomesOfTheConsumerAndOfAReplayAreSigned(t *testing.T) {
 	publishRotation(t, js, "hive-s", 1)
 	workertest.WaitIdle(t, js, r.ConsumerName())
 
-	rp, err := workers.NewReplayer(context.Background(), js, sp, h, workertest.DocumentKeys(sp.Name, sp.Instance), workers.WithDomain("site-a"))
+	rp, err := replay.New(context.Background(), js, sp, h, workertest.DocumentKeys(sp.Name, sp.Instance), workers.WithDomain("site-a"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := rp.Replay(context.Background(), workers.ReplayFrom{}, false, nil, func(workers.ReplayResult) {}); err != nil {
+	if err := rp.Replay(context.Background(), replay.From{}, false, nil, func(replay.Result) {}); err != nil {
 		t.Fatal(err)
 	}
 	outs := workertest.Outcomes(t, js, testWorker, sp.Instance)

@@ -17,70 +17,33 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/streamread"
+	"github.com/steward-dev/steward/workers/internal/enginetest"
 )
 
-// ReplayFrom says where a replay starts: a stream sequence, or a time when
-// Sequence is 0 (both zero: the first event kept).
-type ReplayFrom struct {
-	Sequence uint64
-	Time     time.Time
-}
+// The replay of stored events through a worker's handler outside its
+// consumer (`steward replay`) is package workers/replay's API; it runs
+// here, where the executor and the instance's checks are, reached through
+// workers/internal/enginetest.
 
-// What replaying one event did (ReplayResult.Verdict), by the runtime's
-// result rules.
-const (
-	// ReplayApplied: the handler returned nil.
-	ReplayApplied = "applied"
-	// ReplayUnchanged: the handler returned nil and said, by the outcomes it
-	// emitted (only Spec.Unchanged ones, or events.OutcomeSuperseded), that
-	// nothing needed changing.
-	ReplayUnchanged = "unchanged"
-	// ReplayRefused: the handler refused the event (Refused).
-	ReplayRefused = "refused"
-	// ReplayDeadLetter: the handler returned a Permanent error; the
-	// consumer would have dead-lettered the event. A replay never writes a
-	// dead letter.
-	ReplayDeadLetter = "dead-letter"
-	// ReplayFailed: any other error (or a panic); the consumer would have
-	// retried it.
-	ReplayFailed = "failed"
-	// ReplayInvalid: the event failed validation or is not this worker's
-	// type; the consumer would have dead-lettered it unhandled.
-	ReplayInvalid = "invalid"
-	// ReplayWouldHandle: a dry run found the event valid.
-	ReplayWouldHandle = "would-handle"
-)
+// replayer runs stored events through a Runtime's handler. Unlike Run it
+// creates nothing but the bucket a handling replay writes state to: no
+// stream and no durable consumer, so a replay (and above all a dry run)
+// leaves no state behind on the server.
+type replayer struct{ w *Runtime }
 
-// ReplayResult says what replaying one event did.
-type ReplayResult struct {
-	Sequence      uint64
-	ID, Type, Key string
-	// Verdict is one of the Replay* verdicts.
-	Verdict string
-	// Outcomes are the names of the outcomes the handler emitted, in order.
-	Outcomes []string
-	// Err is why the event was not applied: it failed validation, or the
-	// handler returned an error (refusals included). Nil when it was
-	// applied or unchanged, or in a dry run when it would be handed to the
-	// handler.
-	Err error
-}
-
-// Replayer runs stored events through a worker's handler outside its
-// consumer. Unlike New it creates nothing: no stream, no bucket and no
-// durable consumer, so a replay (and above all a dry run) leaves no state
-// behind on the server.
-type Replayer struct{ w *Runtime }
-
-// NewReplayer checks spec and returns a Replayer of h. It only looks the
+// newReplayer checks spec and returns a replayer of h. It only looks the
 // checkpoint bucket up, for the handler's State; a replay that handles
 // events creates it when it is missing, as a starting worker does, and a
-// dry run does not need it. Its metrics go to a registry of their own unless
-// WithRegisterer says otherwise.
-func NewReplayer(ctx context.Context, js jetstream.JetStream, spec Spec, h Handler, opts ...Option) (*Replayer, error) {
+// dry run does not need it. Its metrics go to a registry of their own
+// unless WithRegisterer says otherwise.
+func newReplayer(ctx context.Context, js jetstream.JetStream, spec, h any, opts []any) (enginetest.Replayer, error) {
+	sp, hd, os, err := engineArgs(spec, h, opts)
+	if err != nil {
+		return nil, err
+	}
 	o := defaultOptions()
 	o.registerer = prometheus.NewRegistry()
-	w, err := newRuntime(js, spec, h, o, opts)
+	w, err := newRuntime(js, sp, hd, o, os)
 	if err != nil {
 		return nil, err
 	}
@@ -93,25 +56,12 @@ func NewReplayer(ctx context.Context, js jetstream.JetStream, spec Spec, h Handl
 	case !errors.Is(err, jetstream.ErrBucketNotFound):
 		return nil, fmt.Errorf("look up bucket %s: %w", events.CheckpointBucket, err)
 	}
-	return &Replayer{w: w}, nil
+	return &replayer{w: w}, nil
 }
 
-// ConsumerName is the name of the worker instance's consumer, which the
-// replay does not use: "<name>-<instance>".
-func (r *Replayer) ConsumerName() string { return r.w.consumerName() }
+func (r *replayer) ConsumerName() string { return r.w.consumerName() }
 
-// Replay runs the worker's events from STEWARD_EVENTS, from the given point
-// up to the last one stored when it starts, through the handler in stream
-// order. Checkpoints are neither read nor moved and stages are not saved:
-// the handler's own idempotency (installed version, applied generation,
-// ...) decides what a replayed event changes. Outcomes are published on the
-// instance's outcome subject marked with events.ReplayExtension, under ids of
-// their own (the live id and the run's), so the live history is never
-// mistaken for a replay nor deduplicated against one. A Permanent error is
-// reported, never dead-lettered. With dryRun nothing is handled: each event
-// is decoded, validated and reported. total, when not nil, is told how many
-// messages the range holds before the first is read.
-func (r *Replayer) Replay(ctx context.Context, from ReplayFrom, dryRun bool, total func(uint64), fn func(ReplayResult)) error {
+func (r *replayer) Replay(ctx context.Context, fromSeq uint64, fromTime time.Time, dryRun bool, total func(uint64), fn func(enginetest.Replayed)) error {
 	if !dryRun && !r.w.storeBound() {
 		// A replay that handles events writes the handler's state, as the
 		// worker would: the bucket is made as a starting worker makes it.
@@ -124,18 +74,13 @@ func (r *Replayer) Replay(ctx context.Context, from ReplayFrom, dryRun bool, tot
 			return err
 		}
 	}
-	return r.w.replay(ctx, from, dryRun, total, fn)
+	return r.w.replay(ctx, fromSeq, fromTime, dryRun, total, fn)
 }
 
-// Replay is Replayer.Replay for a Runtime New made.
-func (w *Runtime) Replay(ctx context.Context, from ReplayFrom, dryRun bool, fn func(ReplayResult)) error {
-	return w.replay(ctx, from, dryRun, nil, fn)
-}
-
-func (w *Runtime) replay(ctx context.Context, from ReplayFrom, dryRun bool, total func(uint64), fn func(ReplayResult)) error {
-	r := streamread.Range{Stream: events.StreamEvents, Subjects: w.spec.Subjects, StartSeq: from.Sequence, Total: total}
-	if from.Sequence == 0 {
-		r.StartTime = from.Time
+func (w *Runtime) replay(ctx context.Context, fromSeq uint64, fromTime time.Time, dryRun bool, total func(uint64), fn func(enginetest.Replayed)) error {
+	r := streamread.Range{Stream: events.StreamEvents, Subjects: w.spec.Subjects, StartSeq: fromSeq, Total: total}
+	if fromSeq == 0 {
+		r.StartTime = fromTime
 	}
 	run := &replayRun{w: w, id: strings.ToLower(ulid.Make().String())}
 	return streamread.Each(ctx, w.js, r, func(m jetstream.Msg) error {
@@ -143,20 +88,20 @@ func (w *Runtime) replay(ctx context.Context, from ReplayFrom, dryRun bool, tota
 		if err != nil {
 			return err
 		}
-		res := ReplayResult{Sequence: meta.Sequence.Stream, Outcomes: []string{}}
+		res := enginetest.Replayed{Sequence: meta.Sequence.Stream, Outcomes: []string{}}
 		e, err := events.Decode(m.Headers(), m.Data())
 		if err == nil {
 			err = w.check(m.Subject(), e)
 		}
 		res.ID, res.Type = e.ID(), e.Type()
 		if err != nil {
-			res.Err, res.Verdict = err, ReplayInvalid
+			res.Err, res.Verdict = err, enginetest.ReplayInvalid
 			fn(res)
 			return nil
 		}
 		res.Key = w.spec.OrderKey(e)
 		if dryRun {
-			res.Verdict = ReplayWouldHandle
+			res.Verdict = enginetest.ReplayWouldHandle
 			fn(res)
 			return nil
 		}
@@ -183,15 +128,15 @@ func (w *Runtime) replayVerdict(err error, outcomes []string) string {
 	unchanged := func(o string) bool { return o == events.OutcomeSuperseded || slices.Contains(w.spec.Unchanged, o) }
 	switch {
 	case err == nil && len(outcomes) > 0 && !slices.ContainsFunc(outcomes, func(o string) bool { return !unchanged(o) }):
-		return ReplayUnchanged
+		return enginetest.ReplayUnchanged
 	case err == nil:
-		return ReplayApplied
+		return enginetest.ReplayApplied
 	case IsRefused(err):
-		return ReplayRefused
+		return enginetest.ReplayRefused
 	case IsPermanent(err):
-		return ReplayDeadLetter
+		return enginetest.ReplayDeadLetter
 	}
-	return ReplayFailed
+	return enginetest.ReplayFailed
 }
 
 // replayRun is one replay: the id its outcomes are marked with.

@@ -118,7 +118,7 @@ func New(js jetstream.JetStream, spec Spec, h Handler, opts ...Option) (*Runtime
 
 // newRuntime applies opts over o, checks spec and the options, fills in
 // what they leave unset and builds the Runtime: the one place New and
-// NewReplayer take their defaults from.
+// the replay take their defaults from.
 func newRuntime(js jetstream.JetStream, spec Spec, h Handler, o options, opts []Option) (*Runtime, error) {
 	for _, opt := range opts {
 		opt(&o)

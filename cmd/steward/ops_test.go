@@ -22,6 +22,7 @@ import (
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/ops"
 	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/replay"
 	"github.com/steward-dev/steward/workers/workertest"
 )
 
@@ -402,7 +403,7 @@ func TestOpsReplayCountsAndMarks(t *testing.T) {
 	// than "2 applied".
 	raw := opsOK(t, srv.URL(), newReplayCmd, append([]string{"credential", "--json"}, flags...)...)
 	rep := decodeJSON[replayReport](t, raw)
-	if rep.Total != 3 || rep.Counts[workers.ReplayApplied] != 0 || len(rep.Events) != 3 || rep.Events[0].Outcomes[0] != "skipped" {
+	if rep.Total != 3 || rep.Counts[replay.Applied] != 0 || len(rep.Events) != 3 || rep.Events[0].Outcomes[0] != "skipped" {
 		t.Fatalf("replay --json:\n%s", raw)
 	}
 	if _, err := js.Consumer(ctx, events.StreamEvents, "credential-"+cfg.Hive); err == nil {
@@ -456,13 +457,13 @@ func TestReplayVerdicts(t *testing.T) {
 		}
 		return fmt.Errorf("try later")
 	})
-	r, err := workers.NewReplayer(ctx, js, testSpec("h1"), h)
+	r, err := replay.New(ctx, js, testSpec("h1"), h)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var got []string
 	var total uint64
-	if err := r.Replay(ctx, workers.ReplayFrom{}, false, func(n uint64) { total = n }, func(res workers.ReplayResult) {
+	if err := r.Replay(ctx, replay.From{}, false, func(n uint64) { total = n }, func(res replay.Result) {
 		got = append(got, res.Verdict)
 	}); err != nil {
 		t.Fatal(err)

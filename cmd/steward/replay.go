@@ -10,6 +10,7 @@ import (
 
 	"github.com/steward-dev/steward/internal/ops"
 	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/replay"
 )
 
 // replayReport is what `steward replay` prints with --json: every event's
@@ -35,8 +36,8 @@ type replayLine struct {
 
 // replayVerdicts are the verdicts a summary counts, in the order it names
 // them.
-var replayVerdicts = []string{workers.ReplayApplied, workers.ReplayFailed, workers.ReplayUnchanged, workers.ReplayRefused,
-	workers.ReplayDeadLetter, workers.ReplayInvalid, workers.ReplayWouldHandle}
+var replayVerdicts = []string{replay.Applied, replay.Failed, replay.Unchanged, replay.Refused,
+	replay.DeadLetter, replay.Invalid, replay.WouldHandle}
 
 func newReplayCmd(g *globals) *cobra.Command {
 	var (
@@ -98,7 +99,7 @@ stream keeps it.`,
 			if err != nil {
 				return err
 			}
-			from := workers.ReplayFrom{Sequence: fromSeq, Time: startTime}
+			from := replay.From{Sequence: fromSeq, Time: startTime}
 			var (
 				spec    workers.Spec
 				handler workers.Handler
@@ -129,7 +130,7 @@ stream keeps it.`,
 			if err != nil {
 				return fmt.Errorf("%s worker: %w", k.name, err)
 			}
-			r, err := workers.NewReplayer(ctx, js, spec, handler, workers.WithLogger(g.log), workers.WithDocumentKeys(signer, verifier), workers.WithDomain(g.jsDomain))
+			r, err := replay.New(ctx, js, spec, handler, workers.WithLogger(g.log), workers.WithDocumentKeys(signer, verifier), workers.WithDomain(g.jsDomain))
 			if err != nil {
 				return fmt.Errorf("%s worker: %w", k.name, err)
 			}
@@ -140,7 +141,7 @@ stream keeps it.`,
 				rep.Counts[v] = 0
 			}
 			prog := startProgress(cmd.ErrOrStderr(), stdout, "replayed")
-			err = r.Replay(ctx, from, dryRun, prog.setTotal, func(res workers.ReplayResult) {
+			err = r.Replay(ctx, from, dryRun, prog.setTotal, func(res replay.Result) {
 				prog.add(1)
 				l := replayLine{Sequence: res.Sequence, ID: res.ID, Type: res.Type, Key: res.Key, Verdict: res.Verdict, Outcomes: res.Outcomes}
 				if res.Err != nil {
@@ -165,7 +166,7 @@ stream keeps it.`,
 			} else {
 				fmt.Fprintln(stdout, replaySummary(rep))
 			}
-			bad := rep.Counts[workers.ReplayFailed] + rep.Counts[workers.ReplayDeadLetter]
+			bad := rep.Counts[replay.Failed] + rep.Counts[replay.DeadLetter]
 			if !dryRun && bad > 0 {
 				return fmt.Errorf("%d of %d replayed events failed or would be dead-lettered (see the report above): fix the cause, then replay from the first of them", bad, rep.Total)
 			}
@@ -179,9 +180,9 @@ stream keeps it.`,
 func printReplayLine(w io.Writer, l replayLine) {
 	verdict := l.Verdict
 	switch l.Verdict {
-	case workers.ReplayWouldHandle:
+	case replay.WouldHandle:
 		verdict = "would be handled"
-	case workers.ReplayDeadLetter:
+	case replay.DeadLetter:
 		verdict = "would be dead-lettered"
 	}
 	if len(l.Outcomes) > 0 {
@@ -196,11 +197,11 @@ func printReplayLine(w io.Writer, l replayLine) {
 func replaySummary(rep replayReport) string {
 	c := rep.Counts
 	if rep.DryRun {
-		return fmt.Sprintf("dry run of %s: %d events, %d would be handled, %d invalid", rep.Consumer, rep.Total, c[workers.ReplayWouldHandle], c[workers.ReplayInvalid])
+		return fmt.Sprintf("dry run of %s: %d events, %d would be handled, %d invalid", rep.Consumer, rep.Total, c[replay.WouldHandle], c[replay.Invalid])
 	}
 	return fmt.Sprintf("replayed %d events through %s: %d applied, %d failed, %d unchanged, %d refused, %d would be dead-lettered, %d invalid",
-		rep.Total, rep.Consumer, c[workers.ReplayApplied], c[workers.ReplayFailed], c[workers.ReplayUnchanged], c[workers.ReplayRefused],
-		c[workers.ReplayDeadLetter], c[workers.ReplayInvalid])
+		rep.Total, rep.Consumer, c[replay.Applied], c[replay.Failed], c[replay.Unchanged], c[replay.Refused],
+		c[replay.DeadLetter], c[replay.Invalid])
 }
 
 // replayErrText is an event's error on one line, for a report.

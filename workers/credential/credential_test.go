@@ -19,6 +19,7 @@ import (
 	"github.com/steward-dev/steward/internal/agekey"
 	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/credential"
+	"github.com/steward-dev/steward/workers/replay"
 	"github.com/steward-dev/steward/workers/workertest"
 )
 
@@ -560,8 +561,8 @@ func TestReplayChangesNothing(t *testing.T) {
 	h.waitOutcomes(2)
 	before := snapshot(t, h.cfg.CredentialDir)
 
-	var results []workers.ReplayResult
-	err := r.Replay(t.Context(), workers.ReplayFrom{}, false, func(res workers.ReplayResult) { results = append(results, res) })
+	var results []replay.Result
+	err := r.Replayer(t).Replay(t.Context(), replay.From{}, false, nil, func(res replay.Result) { results = append(results, res) })
 	if err != nil {
 		t.Fatal(err)
 	}

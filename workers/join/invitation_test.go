@@ -26,6 +26,7 @@ import (
 	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/join"
+	"github.com/steward-dev/steward/workers/replay"
 	"github.com/steward-dev/steward/workers/workertest"
 )
 
@@ -479,7 +480,7 @@ func TestReplayArmsOnce(t *testing.T) {
 	}
 
 	var replayed int
-	err := r.Replay(context.Background(), workers.ReplayFrom{}, false, func(res workers.ReplayResult) {
+	err := r.Replayer(t).Replay(context.Background(), replay.From{}, false, nil, func(res replay.Result) {
 		replayed++
 		if res.Err != nil {
 			t.Errorf("replay of %d: %v", res.Sequence, res.Err)

@@ -48,6 +48,7 @@ import (
 	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/internal/enginetest"
+	"github.com/steward-dev/steward/workers/replay"
 )
 
 // DefaultTimeout bounds every wait in this package.
@@ -167,6 +168,23 @@ type Running struct {
 	*workers.Runtime
 	cancel context.CancelFunc
 	done   chan error
+	// js, h and opts are what it was started with, for Replayer.
+	js   jetstream.JetStream
+	h    workers.Handler
+	opts []workers.Option
+}
+
+// Replayer is a replay.Replayer of the running worker's handler, with the
+// options it was started with (its document keys among them, so it reads
+// the state the worker wrote): a test replays the stream through the
+// handler outside the consumer, as `steward replay` does.
+func (r *Running) Replayer(t testing.TB) *replay.Replayer {
+	t.Helper()
+	rp, err := replay.New(context.Background(), r.js, r.Spec(), r.h, r.opts...)
+	if err != nil {
+		t.Fatalf("replay of %s: %v", r.ConsumerName(), err)
+	}
+	return rp
 }
 
 // Start creates the worker and runs it until Stop or the end of the test.
@@ -179,7 +197,7 @@ func Start(t testing.TB, js jetstream.JetStream, spec workers.Spec, h workers.Ha
 		t.Fatalf("worker %s: %v", spec.Name, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Running{Runtime: w, cancel: cancel, done: make(chan error, 1)}
+	r := &Running{Runtime: w, cancel: cancel, done: make(chan error, 1), js: js, h: h, opts: opts}
 	started := make(chan error, 1)
 	go func() {
 		err := w.Run(ctx)

@@ -1,13 +1,17 @@
 // Package enginetest is the door between package workers and workertest:
 // what workertest needs of the runtime's engine that workers does not
-// export (its engine over memory, two test-only options). Package workers
+// export: its engine over memory, two test-only options, and the replay
+// that package workers/replay offers. Package workers
 // sets these variables when it is initialised; workertest, which imports
 // both, calls them. Nothing outside the workers tree can import it, so none
 // of it is part of any public API.
 package enginetest
 
 import (
+	"context"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/workers/internal/memory"
@@ -54,3 +58,39 @@ var NewEngine func(Config) (Engine, error)
 // turns down to see in milliseconds what a worker does in seconds or
 // minutes, and no operator needs.
 var StatusInterval, Resync func(time.Duration) any
+
+// Replayer runs stored events through a worker's handler outside its
+// consumer, as package workers builds it for workers/replay.
+type Replayer interface {
+	ConsumerName() string
+	// Replay runs the instance's events from fromSeq (or, when it is 0,
+	// from fromTime; both zero: the first kept) up to the last stored
+	// when it starts; total, when not nil, is told how many the range
+	// holds first.
+	Replay(ctx context.Context, fromSeq uint64, fromTime time.Time, dryRun bool, total func(uint64), fn func(Replayed)) error
+}
+
+// Replayed is what replaying one event did (replay.Result).
+type Replayed struct {
+	Sequence      uint64
+	ID, Type, Key string
+	Verdict       string
+	Outcomes      []string
+	Err           error
+}
+
+// The verdicts of a replayed event, in one place for the runtime that
+// gives them and workers/replay that names them.
+const (
+	ReplayApplied     = "applied"
+	ReplayUnchanged   = "unchanged"
+	ReplayRefused     = "refused"
+	ReplayDeadLetter  = "dead-letter"
+	ReplayFailed      = "failed"
+	ReplayInvalid     = "invalid"
+	ReplayWouldHandle = "would-handle"
+)
+
+// NewReplayer builds a Replayer; spec, h and opts are a workers.Spec, a
+// workers.Handler and workers.Options.
+var NewReplayer func(ctx context.Context, js jetstream.JetStream, spec, h any, opts []any) (Replayer, error)
