@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/steward-dev/steward/events"
@@ -58,7 +59,55 @@ func TestSiteConfigIsALeafNodeNATSServerReads(t *testing.T) {
 					t.Errorf("closed bus: %d operators, link bound to %q with credentials %q", len(o.TrustedOperators), r.LocalAccount, r.Credentials)
 				}
 			}
+			if !o.FeatureFlags["js_api_reply_v2"] {
+				t.Errorf("feature flags %v: want js_api_reply_v2, which the leaf identity's permissions rely on", o.FeatureFlags)
+			}
 		})
+	}
+}
+
+// `steward creds issue leaf` issues the site's leaf identity from the
+// account signing key alone: named for the site, its permissions the
+// table's for the site and the hub's domain, with no document key (a leaf
+// node signs nothing).
+func TestCredsIssueLeafIsTheSitesIdentity(t *testing.T) {
+	dir := t.TempDir()
+	ok(t, nil, "creds", "init", "--dir", filepath.Join(dir, "auth"))
+	out := filepath.Join(dir, "leaf-site-a.creds")
+	ok(t, nil, "creds", "issue", "leaf", "site-a", "--hub-domain", "central", "--account-seed", filepath.Join(dir, "auth", natsauth.SigningSeedFile), "--out", out)
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token, err := jwt.ParseDecoratedJWT(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uc, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := natsauth.Leaf("site-a", "central")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := id.Permissions()
+	if uc.Name != "leaf-site-a" || !slices.Equal(uc.Pub.Allow, jwt.StringList(want.Publish)) || !slices.Equal(uc.Sub.Allow, jwt.StringList(want.Subscribe)) {
+		t.Errorf("leaf credentials: name %q, publish %v, subscribe %v; want leaf-site-a with %+v", uc.Name, uc.Pub.Allow, uc.Sub.Allow, want)
+	}
+	if !slices.Contains(uc.Pub.Allow, "$JS.central.API.CONSUMER.RESET.STEWARD_EVENTS.site-site-a") {
+		t.Errorf("the leaf may not reset its own consumer at the hub's domain: %v", uc.Pub.Allow)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "leaf-site-a.dockey")); err == nil {
+		t.Error("a leaf node got a document key; it signs nothing")
+	}
+	for _, args := range [][]string{
+		{"creds", "issue", "leaf", "site.a", "--account-seed", filepath.Join(dir, "auth", natsauth.SigningSeedFile)},
+		{"creds", "issue", "leaf", "hub", "--account-seed", filepath.Join(dir, "auth", natsauth.SigningSeedFile)},
+	} {
+		if r := run(t, nil, args...); r.code == 0 || !strings.Contains(r.stderr, "leaf identity") {
+			t.Errorf("steward %s: exit %d, stderr %q; want a refusal naming the leaf identity", strings.Join(args, " "), r.code, r.stderr)
+		}
 	}
 }
 
@@ -70,6 +119,7 @@ func TestSiteCommandsRefuseBadInput(t *testing.T) {
 		{[]string{"site", "config", "site.a", "--hub-url", "nats-leaf://h:7422", "--store-dir", "/tmp/x"}, "site name"},
 		{[]string{"site", "config", "site-a", "--hub-url", "http://h", "--store-dir", "/tmp/x"}, "--hub-url"},
 		{[]string{"site", "config", "site-a", "--hub-url", "nats-leaf://h:7422"}, "--store-dir"},
+		{[]string{"site", "config", "site-a", "--hub-url", "nats-leaf://h:7422", "--store-dir", "/tmp/x", "--server-dir", "/tmp/a", "--account", "AXXX"}, "--leaf-creds"},
 		{[]string{"site", "setup", "hub", "--nats-url", "nats://127.0.0.1:1"}, "differ"},
 		{[]string{"site", "setup", "site-a", "--hives", "a.b", "--nats-url", "nats://127.0.0.1:1"}, "hive"},
 	} {
