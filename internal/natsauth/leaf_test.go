@@ -690,3 +690,54 @@ func (f *siteFleet) connectAs(t *testing.T, id natsauth.Identity) *client {
 	s := &authServer{srv: f.hub, a: f.a, dir: f.dir}
 	return s.connect(t, id)
 }
+
+// TestALeafsAcknowledgementsAreNotChecked pins what nats-server 2.15 lets
+// through whatever a leaf's permissions say (leafMsgAllowed): a $JS.ACK
+// subject. With site A's leaf credentials, the acknowledgement of an
+// event a hub worker's consumer delivered and the worker has not settled
+// is taken as the worker's (docs/design.md §7). Should nats-server start
+// checking it, this fails, and the design's paragraph on it goes.
+func TestALeafsAcknowledgementsAreNotChecked(t *testing.T) {
+	f := startSiteFleet(t)
+	id, err := natsauth.Worker("converge", "hub-y")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := f.connectAs(t, id)
+	c, err := w.js.CreateOrUpdateConsumer(ctx(t), events.StreamEvents, jetstream.ConsumerConfig{
+		Durable: id.Name(), FilterSubject: "steward.events.release.published", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Hour,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.hubJS.Publish(ctx(t), "steward.events.release.published", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	batch, err := c.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reply string
+	for m := range batch.Messages() {
+		reply = m.Reply()
+	}
+	if reply == "" {
+		t.Fatalf("the worker fetched no event: %v", batch.Error())
+	}
+	pending := func() int {
+		info, err := c.Info(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.NumAckPending
+	}
+	if n := pending(); n != 1 {
+		t.Fatalf("%d events pending acknowledgement, want the one fetched", n)
+	}
+	l := dialLeaf(t, f.leafAddr, filepath.Join(f.dir, "leaf-site-a.creds"))
+	l.send(t, reply, "", nil)
+	workertest.WaitUntil(t, "the hub takes site A's acknowledgement of the worker's event", func() bool { return pending() == 0 })
+	if l.saw("-ERR") {
+		t.Fatalf("the hub refused the acknowledgement: %q", l.all())
+	}
+}
