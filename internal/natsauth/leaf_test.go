@@ -71,6 +71,10 @@ type siteFleet struct {
 	leafAddr string
 	sites    map[string]*server.Server
 	log      *violations
+	// siteOpts are each site's leaf node's options, its store kept, and
+	// start starts a server from options: a site's leaf node restarts.
+	siteOpts map[string]func() *server.Options
+	start    func(*server.Options) *server.Server
 	cfg      events.BusConfig
 	hubJS    jetstream.JetStream
 	opCreds  string
@@ -88,9 +92,12 @@ func startSiteFleet(t *testing.T) *siteFleet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &siteFleet{a: a, dir: dir, sites: map[string]*server.Server{}, log: &violations{}}
+	f := &siteFleet{a: a, dir: dir, sites: map[string]*server.Server{}, siteOpts: map[string]func() *server.Options{}, log: &violations{}}
 	start := func(o *server.Options) *server.Server {
-		o.Host, o.Port, o.JetStream, o.StoreDir, o.NoSigs = "127.0.0.1", server.RANDOM_PORT, true, t.TempDir(), true
+		o.Host, o.Port, o.JetStream, o.NoSigs = "127.0.0.1", server.RANDOM_PORT, true, true
+		if o.StoreDir == "" {
+			o.StoreDir = t.TempDir()
+		}
 		o.FeatureFlags = map[string]bool{replyV2: true}
 		if err := a.Configure(o); err != nil {
 			t.Fatal(err)
@@ -123,14 +130,17 @@ func startSiteFleet(t *testing.T) *siteFleet {
 		if err != nil {
 			t.Fatal(err)
 		}
-		creds := f.credsOf(t, id)
-		deny := events.SiteLinkDenied()
-		f.sites[name] = start(&server.Options{ServerName: "steward-site-" + name, JetStreamDomain: name, LeafNode: server.LeafNodeOpts{
-			ReconnectInterval: 100 * time.Millisecond,
-			Remotes: []*server.RemoteLeafOpts{{URLs: []*url.URL{u}, Credentials: creds, LocalAccount: a.AccountPublic,
-				DenyImports: deny, DenyExports: deny}},
-		}})
+		creds, store, deny := f.credsOf(t, id), t.TempDir(), events.SiteLinkDenied()
+		f.siteOpts[name] = func() *server.Options {
+			return &server.Options{ServerName: "steward-site-" + name, JetStreamDomain: name, StoreDir: store, LeafNode: server.LeafNodeOpts{
+				ReconnectInterval: 100 * time.Millisecond,
+				Remotes: []*server.RemoteLeafOpts{{URLs: []*url.URL{u}, Credentials: creds, LocalAccount: a.AccountPublic,
+					DenyImports: deny, DenyExports: deny}},
+			}}
+		}
+		f.sites[name] = start(f.siteOpts[name]())
 	}
+	f.start = start
 	workertest.WaitUntil(t, "both sites are linked", func() bool { return f.hub.NumLeafNodes() == 2 })
 	f.opCreds = f.credsOf(t, natsauth.Operator())
 
@@ -739,5 +749,41 @@ func TestALeafsAcknowledgementsAreNotChecked(t *testing.T) {
 	workertest.WaitUntil(t, "the hub takes site A's acknowledgement of the worker's event", func() bool { return pending() == 0 })
 	if l.saw("-ERR") {
 		t.Fatalf("the hub refused the acknowledgement: %q", l.all())
+	}
+}
+
+// TestASiteCatchesUpUnderItsLeafIdentity is a cut under the leaf
+// identity: site A's leaf node stops (the link and the site gone at once,
+// an outcome just written there), events for it are published at the hub,
+// and it starts again on its store. It relinks with its credentials, its
+// stream resets the hub's consumer and the hub's sources reset the site's,
+// all within the identity's permissions: the site holds every event, the
+// hub the site's outcome, and no server logs a violation.
+func TestASiteCatchesUpUnderItsLeafIdentity(t *testing.T) {
+	f := startSiteFleet(t)
+	_, siteA := f.operator(t, f.sites["site-a"], "", "site-a")
+	if _, err := siteA.Publish(ctx(t), events.OutcomeSubject("credential", "hive-a1"), []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	f.sites["site-a"].Shutdown()
+	f.sites["site-a"].WaitForShutdown()
+	workertest.WaitUntil(t, "the hub sees site A gone", func() bool { return f.hub.NumLeafNodes() == 1 })
+	const during = 5
+	for i := range during {
+		if _, err := f.hubJS.Publish(ctx(t), "steward.events.credential.rotated.hive-a1", []byte(`{}`), jetstream.WithMsgID(fmt.Sprintf("cut-%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.sites["site-a"] = f.start(f.siteOpts["site-a"]())
+	workertest.WaitUntil(t, "site A relinks", func() bool { return f.hub.NumLeafNodes() == 2 })
+	_, siteA = f.operator(t, f.sites["site-a"], "", "site-a")
+	waitCount(t, siteA, events.StreamEvents, during, "site A holds the events published while it was gone")
+	waitCount(t, f.hubJS, events.StreamOutcomes, 1, "the hub holds site A's outcome")
+	if _, err := siteA.Publish(ctx(t), events.OutcomeSubject("credential", "hive-a1"), []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	waitCount(t, f.hubJS, events.StreamOutcomes, 2, "the hub holds site A's outcome written after it came back")
+	if v := f.log.all(); len(v) != 0 {
+		t.Fatalf("the servers refused what a site catching up needs: %q", v)
 	}
 }
