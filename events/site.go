@@ -161,10 +161,10 @@ func HubSourceConsumerConfig(stream, site string) jetstream.ConsumerConfig {
 	}
 }
 
-// SiteInboxPrefix is the inbox prefix of a hub-side connection that reads
-// or sets up site's JetStream (`steward site setup`, `--js-domain site`):
-// the site's answers cross the link to it, and a site's leaf identity may
-// answer under its own prefix only, never into another identity's inbox.
+// SiteInboxPrefix is the inbox prefix of a hub-side connection reading
+// site's JetStream (`--js-domain site`, the default there): the site's
+// answers cross the link to it, and a site's leaf identity may answer
+// under its own prefix only, never into another identity's inbox.
 func SiteInboxPrefix(site string) string { return sitePrefix + site + ".inbox" }
 
 // SiteConsumerConfig is the hub's durable consumer for site s: filtered to
