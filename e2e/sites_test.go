@@ -169,9 +169,23 @@ func (l *siteLedger) last(hive string) uint64 {
 // at the hub, and site A's leaf node is SIGKILLed and restarted during the
 // cut. Site B converges during the cut, site A only after the link is back;
 // over both sites: 0 lost, 0 applied twice, 0 backwards, and every event's
-// outcome (applied or superseded) at the hub. The bus is open in this test:
-// the leaf identity's permissions are the next slice.
-func TestSitesConvergeThroughACut(t *testing.T) {
+// outcome (applied or superseded) at the hub. The bus is open.
+func TestSitesConvergeThroughACut(t *testing.T) { sitesThroughACut(t, nil) }
+
+// TestSitesConvergeThroughACutOnTheClosedBus is the same cut on the closed
+// bus, set up with the commands an operator runs: the hub in JWT mode,
+// each site's leaf node linked with its own leaf identity (steward creds
+// issue leaf), its streams made at the site (site setup --site-url), each
+// instance with credentials and document keys of its own. The link
+// carries only what the leaf identity allows, through the cut, the leaf
+// node's SIGKILL and the catch-up.
+func TestSitesConvergeThroughACutOnTheClosedBus(t *testing.T) {
+	sitesThroughACut(t, newClosedSites(t))
+}
+
+// sitesThroughACut runs the cut on the open bus (closed nil) or on the
+// closed one.
+func sitesThroughACut(t *testing.T, closed *closedSites) {
 	// rounds: round 1 before the cut, 2..rounds during it.
 	const rounds = 4
 	perSite := 20
@@ -191,7 +205,7 @@ func TestSitesConvergeThroughACut(t *testing.T) {
 	leafPort := freePort(t)
 	hub := newNATSNode(t, "hub", 0)
 	hubConf := filepath.Join(t.TempDir(), "hub.conf")
-	if err := os.WriteFile(hubConf, []byte(fmt.Sprintf("server_name: hub\njetstream {\n  domain: hub\n  sync_interval: always\n}\nleafnodes {\n  listen: \"127.0.0.1:%d\"\n}\n", leafPort)), 0o644); err != nil {
+	if err := os.WriteFile(hubConf, []byte(fmt.Sprintf("server_name: hub\njetstream {\n  domain: hub\n  sync_interval: always\n}\nleafnodes {\n  listen: \"127.0.0.1:%d\"\n}\n", leafPort)+closed.hubConf()), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	hub.p = newProc(t, "nats-hub", bins.nats, []string{"-c", hubConf, "-sd", hub.store, "-a", "127.0.0.1",
@@ -202,9 +216,10 @@ func TestSitesConvergeThroughACut(t *testing.T) {
 	startLeaf := func(name, hubURL string) *leafNode {
 		n := &leafNode{name: name, port: freePort(t), httpPort: freePort(t)}
 		conf := filepath.Join(t.TempDir(), name+".conf")
-		out := runSteward(t, nil, "site", "config", name, "--hub-url", hubURL, "--store-dir", t.TempDir(),
+		args := append([]string{"site", "config", name, "--hub-url", hubURL, "--store-dir", t.TempDir(),
 			"--listen", fmt.Sprintf("127.0.0.1:%d", n.port), "--http-listen", fmt.Sprintf("127.0.0.1:%d", n.httpPort),
-			"--max-file-store", "1GB", "--out", conf)
+			"--max-file-store", "1GB", "--out", conf}, closed.leafArgs(t, name)...)
+		out := runSteward(t, nil, args...)
 		t.Logf("%s", out)
 		n.p = newProc(t, "nats-"+name, bins.nats, []string{"-c", conf}, nil)
 		n.p.start()
@@ -223,7 +238,8 @@ func TestSitesConvergeThroughACut(t *testing.T) {
 	}
 	waitFor(t, "both sites are linked", time.Minute, linked(2))
 
-	b := connect(t, hub.url())
+	b := closed.connect(t, hub.url())
+	leafOf := map[string]*leafNode{"site-a": siteA, "site-b": siteB}
 	cfg := events.DefaultBusConfig(1)
 	cfg.Streams.MaxBytes, cfg.Streams.DLQMaxBytes, cfg.CheckpointMaxBytes = 256<<20, 64<<20, 64<<20
 	if err := events.SetupBus(ctx, b.js, cfg); err != nil {
@@ -234,7 +250,7 @@ func TestSitesConvergeThroughACut(t *testing.T) {
 		for i := range perSite {
 			hives[site] = append(hives[site], fmt.Sprintf("%s-hive-%d", site, i+1))
 		}
-		runSteward(t, nil, "site", "setup", site, "--nats-url", hub.url(), "--hives", strings.Join(hives[site], ","),
+		runSteward(t, closed.operatorEnv(), "site", "setup", site, "--nats-url", hub.url(), "--site-url", leafOf[site].url(), "--hives", strings.Join(hives[site], ","),
 			"--max-bytes", fmt.Sprint(256<<20), "--dlq-max-bytes", fmt.Sprint(64<<20), "--checkpoint-max-bytes", fmt.Sprint(64<<20))
 	}
 
@@ -265,9 +281,12 @@ func TestSitesConvergeThroughACut(t *testing.T) {
 	var running sync.WaitGroup
 	t.Cleanup(func() { stopAll(); running.Wait() })
 	var started atomic.Int64
-	for site, leaf := range map[string]*leafNode{"site-a": siteA, "site-b": siteB} {
+	for site, leaf := range leafOf {
 		var conns []jetstream.JetStream
 		for range 2 {
+			if closed != nil {
+				break // each instance connects as itself, below
+			}
 			nc, err := nats.Connect(leaf.url(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 			if err != nil {
 				t.Fatal(err)
@@ -288,7 +307,11 @@ func TestSitesConvergeThroughACut(t *testing.T) {
 				Types:    []string{events.TypeCredentialRotated},
 				Rank:     func(_ context.Context, d *workers.Delivery) (uint64, error) { return version(d) },
 			}
-			w, err := workers.New(conns[i%len(conns)], spec, workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+			js, opts := closed.instance(t, leaf.url(), site, hive)
+			if js == nil {
+				js = conns[i%len(conns)]
+			}
+			w, err := workers.New(js, spec, workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
 				v, err := version(d)
 				if err != nil {
 					return workers.Refused(err)
@@ -298,7 +321,7 @@ func TestSitesConvergeThroughACut(t *testing.T) {
 				}
 				l.apply(d.Key, v)
 				return d.Emit(ctx, "applied", map[string]any{"hive": d.Key, "version": v})
-			}), workers.WithReadMode(workers.ReadStream), workers.WithDomain(site))
+			}), append(opts, workers.WithReadMode(workers.ReadStream), workers.WithDomain(site))...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -371,7 +394,7 @@ func TestSitesConvergeThroughACut(t *testing.T) {
 	})
 	// The hub says which site is behind, and by how much.
 	behind := uint64((rounds - 1) * perSite)
-	during := siteStatus(t, hub.url())
+	during := siteStatusAs(t, hub.url(), closed.operatorEnv())
 	if a, bb := during["site-a"], during["site-b"]; a.Linked || a.Pending != behind || !bb.Linked || bb.Pending != 0 {
 		t.Errorf("during the cut the hub reports site A linked %v, %d behind, site B linked %v, %d behind; want A unlinked and %d behind, B linked and 0",
 			a.Linked, a.Pending, bb.Linked, bb.Pending, behind)
@@ -393,7 +416,7 @@ func TestSitesConvergeThroughACut(t *testing.T) {
 	waitFor(t, "site A converges after the heal", 2*time.Minute, atVersion("site-a", rounds))
 	aAfterHeal := time.Since(healedAt)
 	waitFor(t, "the hub reports every site caught up", time.Minute, func() (bool, string) {
-		st := siteStatus(t, hub.url())
+		st := siteStatusAs(t, hub.url(), closed.operatorEnv())
 		return st["site-a"].Linked && st["site-a"].Pending == 0 && st["site-b"].Pending == 0, fmt.Sprintf("%+v", st)
 	})
 
@@ -451,21 +474,38 @@ func TestSitesConvergeThroughACut(t *testing.T) {
 			}
 		}
 	}
+	// Nothing the sites needed was refused at a link (a refusal closes it).
+	violations := 0
+	for _, p := range []*proc{hub.p, siteA.p, siteB.p} {
+		for _, line := range strings.Split(p.tail(1_000_000), "\n") {
+			if strings.Contains(line, "Violation") {
+				violations++
+				t.Errorf("%s", line)
+			}
+		}
+	}
 	if lost+dup+backwards+twice != 0 {
 		t.Errorf("lost %d, applied twice %d, backwards %d, outcomes not one %d; want 0 each", lost, dup, backwards, twice)
 	}
-	summary(t, "sites-cut",
-		"sites", 2, "instances_per_site", perSite, "read_mode", "stream", "auth", "open",
+	summary(t, closed.summaryName(),
+		"sites", 2, "instances_per_site", perSite, "read_mode", "stream", "auth", closed.name(),
 		"round1_both_sites", round(first), "cut", round(cut), "cut_target", siteCutTarget, "leaf_killed_during_cut", true,
 		"site_b_converged_during_cut", round(bDuringCut), "hub_reported_site_a_behind", during["site-a"].Pending, "site_a_relinked_after_heal", round(relinked), "site_a_converged_after_heal", round(aAfterHeal),
-		"events", len(ids), "superseded", superseded, "lost", lost, "duplicates_applied", dup, "backwards", backwards)
+		"events", len(ids), "superseded", superseded, "lost", lost, "duplicates_applied", dup, "backwards", backwards, "link_violations", violations)
 }
 
 // siteStatus is `steward site status --json` at the hub, by site.
 func siteStatus(t testing.TB, hubURL string) map[string]ops.Site {
 	t.Helper()
+	return siteStatusAs(t, hubURL, nil)
+}
+
+// siteStatusAs is siteStatus with env (the operator's credentials on the
+// closed bus).
+func siteStatusAs(t testing.TB, hubURL string, env map[string]string) map[string]ops.Site {
+	t.Helper()
 	var list []ops.Site
-	if err := json.Unmarshal([]byte(runSteward(t, nil, "site", "status", "--json", "--nats-url", hubURL)), &list); err != nil {
+	if err := json.Unmarshal([]byte(runSteward(t, env, "site", "status", "--json", "--nats-url", hubURL)), &list); err != nil {
 		t.Fatalf("steward site status --json: %v", err)
 	}
 	out := map[string]ops.Site{}

@@ -120,9 +120,52 @@ func SiteLinkDenied() []string { return []string{"steward.>"} }
 // creating one afresh.
 func SiteConsumer(site string) string { return "site-" + site }
 
-// siteDeliverSubject is where the hub's consumer for site delivers: a
-// subject outside steward.>, which the link does not carry.
-func siteDeliverSubject(site string) string { return "_STEWARD_SITE." + site + ".events" }
+// sitePrefix begins every subject that crosses a site's link for that
+// site alone: outside steward.>, which the link does not carry, and named
+// per site, so a site's leaf identity is allowed its own and no other
+// site's (internal/natsauth).
+const sitePrefix = "_STEWARD_SITE."
+
+// SiteDeliverSubject is where the hub's consumer for site delivers the
+// site's events (and its heartbeats and flow control requests).
+func SiteDeliverSubject(site string) string { return sitePrefix + site + ".events" }
+
+// SiteSourcedSubject is where site's durable consumer of its stream
+// (STEWARD_OUTCOMES or STEWARD_DLQ) delivers to the hub's source
+// (HubSiteSource), where an ephemeral source would use $JS.S.<id>, a
+// subject of no site that every site's leaf would have to be allowed.
+func SiteSourcedSubject(site, stream string) string {
+	return sitePrefix + site + ".sourced." + stream
+}
+
+// HubSourceConsumer is the name of the durable consumer a site's
+// STEWARD_OUTCOMES and STEWARD_DLQ each keep for the hub's source. The hub
+// only resets it, a request that names it, so the link carries no
+// consumer creation, whose body would be a whole consumer configuration
+// (docs/design.md §7, reflection across the link).
+const HubSourceConsumer = "hub"
+
+// HubSourceConsumerConfig is site's durable consumer of stream for the
+// hub's source: from the first message, acknowledged by flow control, as
+// nats-server's durable sourcing requires.
+func HubSourceConsumerConfig(stream, site string) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:        HubSourceConsumer,
+		Description:    "site " + site + "'s " + stream + ", sourced by the hub",
+		DeliverSubject: SiteSourcedSubject(site, stream),
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		AckPolicy:      jetstream.AckFlowControlPolicy,
+		FlowControl:    true,
+		IdleHeartbeat:  time.Second,
+		MaxAckPending:  siteMaxAckPending,
+	}
+}
+
+// SiteInboxPrefix is the inbox prefix of a hub-side connection reading
+// site's JetStream (`--js-domain site`, the default there): the site's
+// answers cross the link to it, and a site's leaf identity may answer
+// under its own prefix only, never into another identity's inbox.
+func SiteInboxPrefix(site string) string { return sitePrefix + site + ".inbox" }
 
 // SiteConsumerConfig is the hub's durable consumer for site s: filtered to
 // the site's subjects, from the first event kept, acknowledged by flow
@@ -131,7 +174,7 @@ func SiteConsumerConfig(s Site) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:        SiteConsumer(s.Name),
 		Description:    "the events of site " + s.Name + ", sourced by its leaf node",
-		DeliverSubject: siteDeliverSubject(s.Name),
+		DeliverSubject: SiteDeliverSubject(s.Name),
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
 		AckPolicy:      jetstream.AckFlowControlPolicy,
 		FlowControl:    true,
@@ -146,7 +189,7 @@ func SiteConsumerConfig(s Site) jetstream.ConsumerConfig {
 // serves, when it is one SiteConsumerConfig made.
 func SiteOfConsumer(cfg jetstream.ConsumerConfig) (string, bool) {
 	site, ok := strings.CutPrefix(cfg.Durable, "site-")
-	if !ok || CheckDomain(site) != nil || cfg.DeliverSubject != siteDeliverSubject(site) {
+	if !ok || CheckDomain(site) != nil || cfg.DeliverSubject != SiteDeliverSubject(site) {
 		return "", false
 	}
 	return site, true
@@ -175,7 +218,7 @@ func SiteStreamConfigs(c StreamConfig, s Site) []jetstream.StreamConfig {
 		sc.Subjects = nil
 		sc.Sources = []*jetstream.StreamSource{{
 			Name: StreamEvents, Domain: s.HubDomain,
-			Consumer: &jetstream.StreamConsumerSource{Name: SiteConsumer(s.Name), DeliverSubject: siteDeliverSubject(s.Name)},
+			Consumer: &jetstream.StreamConsumerSource{Name: SiteConsumer(s.Name), DeliverSubject: SiteDeliverSubject(s.Name)},
 		}}
 		sc.Description = "Steward state changes for site " + s.Name + ", sourced from the hub"
 	}
@@ -183,9 +226,14 @@ func SiteStreamConfigs(c StreamConfig, s Site) []jetstream.StreamConfig {
 }
 
 // HubSiteSource is the source a hub stream (STEWARD_OUTCOMES or
-// STEWARD_DLQ) takes from the stream of the same name at site.
+// STEWARD_DLQ) takes from the stream of the same name at site, through
+// the site's durable consumer for it (HubSourceConsumerConfig).
 func HubSiteSource(stream, site string) *jetstream.StreamSource {
-	return &jetstream.StreamSource{Name: stream, External: &jetstream.ExternalStream{APIPrefix: domainAPIPrefix(site)}}
+	return &jetstream.StreamSource{
+		Name:     stream,
+		External: &jetstream.ExternalStream{APIPrefix: domainAPIPrefix(site)},
+		Consumer: &jetstream.StreamConsumerSource{Name: HubSourceConsumer, DeliverSubject: SiteSourcedSubject(site, stream)},
+	}
 }
 
 // domainAPIPrefix is the JetStream API prefix of domain, as nats.go writes
@@ -236,6 +284,10 @@ func SetupSite(ctx context.Context, siteJS, hubJS jetstream.JetStream, cfg BusCo
 		return fmt.Errorf("site %s: create or update KV bucket %s: %w", s.Name, CheckpointBucket, describeCreateError(err))
 	}
 	for _, name := range []string{StreamOutcomes, StreamDLQ} {
+		// The site's consumer first: the hub's source resets it.
+		if _, err := siteJS.CreateOrUpdatePushConsumer(ctx, name, HubSourceConsumerConfig(name, s.Name)); err != nil {
+			return fmt.Errorf("site %s: create or update the consumer %s of its %s for the hub: %w", s.Name, HubSourceConsumer, name, describeCreateError(err))
+		}
 		if err := addHubSource(ctx, hubJS, name, s.Name); err != nil {
 			return err
 		}
@@ -251,12 +303,24 @@ func addHubSource(ctx context.Context, hubJS jetstream.JetStream, name, site str
 		return fmt.Errorf("site %s: the hub's stream %s: %w; create the hub's streams first with `steward setup` at the hub", site, name, err)
 	}
 	cfg := st.CachedInfo().Config
-	for _, src := range cfg.Sources {
+	want := HubSiteSource(name, site)
+	found := false
+	for i, src := range cfg.Sources {
 		if got, ok := SiteOf(src, name); ok && got == site {
-			return nil
+			if src.Consumer != nil && *src.Consumer == *want.Consumer {
+				return nil
+			}
+			// A source set up before the site's durable consumer creates
+			// one of its own at the site, which the site's leaf identity
+			// does not carry: replaced in place. The hub sources the
+			// site's stream again from its start through the durable
+			// consumer; what its duplicate window still holds is dropped.
+			cfg.Sources[i], found = want, true
 		}
 	}
-	cfg.Sources = append(cfg.Sources, HubSiteSource(name, site))
+	if !found {
+		cfg.Sources = append(cfg.Sources, want)
+	}
 	if _, err := hubJS.UpdateStream(ctx, cfg); err != nil {
 		return fmt.Errorf("site %s: add the site's %s as a source of the hub's: %w", site, name, describeCreateError(err))
 	}

@@ -203,6 +203,17 @@ func TestSetupSiteSourcesTheHubAndBack(t *testing.T) {
 	if err := events.SetupBus(ctx, hubJS, cfg); err != nil {
 		t.Fatal(err)
 	}
+	// A source as the site's first set-up made it, creating a consumer of
+	// its own at the site: set up again, it is replaced by the durable one.
+	outcomes, err := hubJS.Stream(ctx, events.StreamOutcomes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := outcomes.CachedInfo().Config
+	old.Sources = []*jetstream.StreamSource{{Name: events.StreamOutcomes, External: &jetstream.ExternalStream{APIPrefix: "$JS.site-a.API"}}}
+	if _, err := hubJS.UpdateStream(ctx, old); err != nil {
+		t.Fatal(err)
+	}
 	if err := events.SetupSite(ctx, siteJS, hubJS, cfg, testSite()); err != nil {
 		t.Fatal(err)
 	}
@@ -300,6 +311,9 @@ func TestSetupSiteSourcesTheHubAndBack(t *testing.T) {
 		for _, src := range s.CachedInfo().Config.Sources {
 			if site, ok := events.SiteOf(src, name); ok {
 				sites = append(sites, site)
+			}
+			if src.Consumer == nil || src.Consumer.Name != events.HubSourceConsumer || src.Consumer.DeliverSubject != events.SiteSourcedSubject("site-a", name) {
+				t.Errorf("the hub's %s sources site A through %+v, want the site's durable consumer for the hub", name, src.Consumer)
 			}
 		}
 		if !slices.Equal(sites, []string{"site-a"}) {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/atomicfile"
 	"github.com/steward-dev/steward/internal/natsauth"
 	"github.com/steward-dev/steward/internal/proof"
@@ -28,6 +29,9 @@ every process connects with credentials scoped to what its role does.
   publisher         publishes steward.events.> and nothing else (consoles, the ingress)
   <worker> <inst>   one worker instance: its own consumer, acks, checkpoint, stage
                     and status keys, outcomes and dead letters
+  leaf <site>       a site's leaf node linking to the hub: its own site's sourcing,
+                    resets and reads of the site's JetStream, nothing of another
+                    site's nor any steward.> subject (steward site config --leaf-creds)
 
 'creds init' makes an operator, the STEWARD account with a signing key, and the
 system account (seeds 0600 in --dir), and the files a nats-server needs.
@@ -77,11 +81,11 @@ must not see the seeds. The server is configured with
 }
 
 func newCredsIssueCmd() *cobra.Command {
-	var seedFile, account, out string
+	var seedFile, account, out, hubDomain string
 	var newKey bool
 	cmd := &cobra.Command{
-		Use:   "issue operator | publisher | <worker> <instance>",
-		Short: "Write a .creds file for the operator, a publisher or one worker instance",
+		Use:   "issue operator | publisher | <worker> <instance> | leaf <site>",
+		Short: "Write a .creds file for the operator, a publisher, one worker instance or a site's leaf node",
 		Long: `Write NATS credentials (a user JWT signed with the account signing key, and the
 user's own nkey seed) scoped to one identity, to --out (0600, atomically; a file
 there is replaced), and the identity's document key beside it (<name>.dockey,
@@ -93,12 +97,19 @@ account trusts its signing key.
 
   steward creds issue converge install-7 --account-seed nats-auth/signing.nk --out converge-install-7.creds
   steward creds issue publisher --account-seed nats-auth/signing.nk --out publisher.creds
+  steward creds issue leaf site-a --account-seed nats-auth/signing.nk --out leaf-site-a.creds
+
+A site's leaf node stores nothing of its own: its credentials get no document
+key. Its permissions name the site and the hub's JetStream domain
+(--hub-domain), and rely on the hub and the leaf running nats-server 2.15 with
+feature_flags { js_api_reply_v2: true } (steward site config writes it for the
+leaf; the hub's configuration must have it too).
 
 The worker connects with STEWARD_NATS_CREDS=<file>; its inbox prefix is read
 from the credentials.`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := credsIdentity(args)
+			id, err := credsIdentity(args, hubDomain)
 			if err != nil {
 				return err
 			}
@@ -115,6 +126,18 @@ from the credentials.`,
 			}
 			if out == "" {
 				out = id.Name() + ".creds"
+			}
+			if id.Role == natsauth.RoleLeaf {
+				creds, err := natsauth.IssueCreds(seed, acct, id, nil)
+				if err != nil {
+					return fmt.Errorf("--account-seed %s: %w", seedFile, err)
+				}
+				if err := atomicfile.Write(out, creds, 0o600); err != nil {
+					return fmt.Errorf("--out: %w", err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "credentials of %s (the leaf node of site %s, sourcing from domain %s) written to %s (0600); give them to steward site config --leaf-creds %s\n",
+					id.Name(), id.Site, id.HubDomain, out, out)
+				return nil
 			}
 			keyPath := proof.KeyFileFor(out)
 			if newKey {
@@ -142,12 +165,16 @@ from the credentials.`,
 	fs.StringVar(&seedFile, "account-seed", "", "seed file of the account's signing key (or of the account itself)")
 	fs.StringVar(&account, "account", "", "the account's public key, or a file holding it (empty: account.pub beside --account-seed, else the seed is the account's own)")
 	fs.StringVar(&out, "out", "", "where to write the credentials (empty: <name>.creds here); the document key goes beside them as <name>.dockey")
+	fs.StringVar(&hubDomain, "hub-domain", events.DefaultHubDomain, "with leaf: the hub's JetStream domain the site sources from")
 	fs.BoolVar(&newKey, "new-document-key", false, "replace the document key beside --out (after a compromise: documents signed by the old key stop verifying and fall back, docs/design.md §7)")
 	return cmd
 }
 
 // credsIdentity reads `creds issue`'s arguments.
-func credsIdentity(args []string) (natsauth.Identity, error) {
+func credsIdentity(args []string, hubDomain string) (natsauth.Identity, error) {
+	if len(args) == 2 && args[0] == string(natsauth.RoleLeaf) {
+		return natsauth.Leaf(args[1], hubDomain)
+	}
 	if len(args) == 1 {
 		switch args[0] {
 		case string(natsauth.RoleOperator):
@@ -155,7 +182,7 @@ func credsIdentity(args []string) (natsauth.Identity, error) {
 		case string(natsauth.RolePublisher):
 			return natsauth.Publisher(), nil
 		}
-		return natsauth.Identity{}, fmt.Errorf("%q: want operator, publisher, or a worker and its instance (%s)", args[0], strings.Join(kindNames(), ", "))
+		return natsauth.Identity{}, fmt.Errorf("%q: want operator, publisher, leaf and a site, or a worker and its instance (%s)", args[0], strings.Join(kindNames(), ", "))
 	}
 	if !slices.Contains(kindNames(), args[0]) {
 		return natsauth.Identity{}, fmt.Errorf("worker %q: want one of %s", args[0], strings.Join(kindNames(), ", "))

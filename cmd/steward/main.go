@@ -316,6 +316,12 @@ func (g *globals) authOptions() ([]nats.Option, error) {
 		}
 		opts = append(opts, o)
 	}
+	if inbox == "" && g.jsDomain != "" {
+		// A hub-side tool reading a site: the site's answers cross its
+		// link, whose leaf identity may answer under this prefix only,
+		// never into another identity's inbox (internal/natsauth).
+		inbox = events.SiteInboxPrefix(g.jsDomain)
+	}
 	if inbox != "" && inbox != "_INBOX" {
 		opts = append(opts, nats.CustomInboxPrefix(inbox))
 	}

@@ -45,6 +45,11 @@ Workers at a site run unchanged, pointed at the leaf node with --js-domain NAME.
 	return cmd
 }
 
+// replyV2Flag is nats-server's feature flag scoping the reply subjects of
+// the server's own JetStream requests, which the leaf identity's
+// permissions rely on (internal/natsauth).
+const replyV2Flag = "js_api_reply_v2"
+
 // leafConfig is what `steward site config` writes a leaf node's
 // configuration from.
 type leafConfig struct {
@@ -70,6 +75,9 @@ func (c leafConfig) check() error {
 	if (c.serverDir == "") != (c.account == "") {
 		return fmt.Errorf("--server-dir and --account go together: the leaf trusts the operator in --server-dir and binds the link to --account (account.pub)")
 	}
+	if c.serverDir != "" && c.leafCreds == "" {
+		return fmt.Errorf("--leaf-creds is empty: on the closed bus the hub accepts the link only with the site's leaf identity (steward creds issue leaf %s)", c.site)
+	}
 	return nil
 }
 
@@ -86,6 +94,8 @@ func (c leafConfig) render() []byte {
 		fmt.Fprintf(&b, "http: %s\n", q(c.httpListen))
 	}
 	fmt.Fprintf(&b, "max_payload: 1MB\n")
+	fmt.Fprintf(&b, "\n# The replies of the server's own JetStream requests name their target's\n# domain, stream and consumer (nats-server 2.15), so the leaf identity's\n# permissions (steward creds issue leaf %s) carry this site's alone. The hub\n# runs with it too.\n", c.site)
+	fmt.Fprintf(&b, "feature_flags: {\n  %s: true\n}\n", replyV2Flag)
 	if c.serverDir != "" {
 		fmt.Fprintf(&b, "\n# The bus is closed at the site too: the hub's operator, its accounts'\n# JWTs from steward creds init --server-dir, so every identity's credentials\n# work here unchanged.\n")
 		fmt.Fprintf(&b, "operator: %s\n", q(c.serverDir+"/operator.jwt"))
@@ -129,8 +139,12 @@ func newSiteConfigCmd() *cobra.Command {
 server name, its own store, JetStream in domain NAME, and the link to the hub's
 leaf node port (--hub-url) with the leaf's credentials (--leaf-creds), carrying
 none of Steward's subjects. With --server-dir and --account the leaf runs the
-closed bus as the hub does. The hub runs JetStream in its own domain
-(jetstream { domain: hub }) and listens for leaf nodes (leafnodes { port: 7422 }).`,
+closed bus as the hub does, and --leaf-creds are the site's leaf identity
+(steward creds issue leaf NAME), whose permissions let the link carry this
+site's sourcing and nothing of another site's. The hub runs JetStream in its
+own domain (jetstream { domain: hub }), listens for leaf nodes
+(leafnodes { port: 7422 }), and runs with feature_flags { js_api_reply_v2: true }
+(nats-server 2.15), as the leaf does.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c.site = args[0]
@@ -165,7 +179,7 @@ closed bus as the hub does. The hub runs JetStream in its own domain
 func newSiteSetupCmd(g *globals) *cobra.Command {
 	var (
 		site                         events.Site
-		keysFile                     string
+		keysFile, siteURL            string
 		cfg                          = events.DefaultBusConfig(1)
 		maxBytes, dlqMax, cpMaxBytes int64
 	)
@@ -182,6 +196,12 @@ sources of its STEWARD_OUTCOMES and STEWARD_DLQ. The site's leaf node must be
 linked. Run it again to change the site's keys: the filters are replaced, and a
 key added receives the events published from then on. The hub's consumer's
 pending count is how far behind the site is.
+
+--site-url is the site's leaf node (its client port): the site's streams,
+bucket and its consumers for the hub are made there, with the same operator
+credentials. On the closed bus it is required: the site's leaf identity lets
+the hub only read a site's JetStream, never change it, so that no answer
+reflected at the hub becomes a change at a site (docs/design.md §7).
 
 --keys-file holds one key a line, "box NAME", "hive NAME" or "machine NAME";
 '#' starts a comment.`,
@@ -204,14 +224,30 @@ pending count is how far behind the site is.
 				return err
 			}
 			defer nc.Close()
-			siteJS, err := events.JetStreamIn(nc, site.Name)
+			siteNC := nc
+			if siteURL != "" {
+				at := *g
+				at.natsURL, at.urlGiven, at.contextName = siteURL, true, ""
+				if siteNC, _, err = at.connect(ctx, "steward site setup", false); err != nil {
+					return fmt.Errorf("--site-url: %w", err)
+				}
+				defer siteNC.Close()
+				if d := siteNC.ConnectedDomain(); d != site.Name {
+					return fmt.Errorf("--site-url %s is a server in JetStream domain %q, not site %s's leaf node; give the leaf node's client address (steward site config --listen)", redactURL(siteURL), d, site.Name)
+				}
+			}
+			siteJS, err := events.JetStreamIn(siteNC, site.Name)
 			if err != nil {
 				return err
 			}
 			sctx, cancel := context.WithTimeout(ctx, siteSetupTimeout)
 			defer cancel()
 			if err := events.SetupSite(sctx, siteJS, hubJS, cfg, site); err != nil {
-				return fmt.Errorf("steward site setup: %w (is the leaf node of site %s linked to this hub?)", err, site.Name)
+				hint := fmt.Sprintf("is the leaf node of site %s linked to this hub?", site.Name)
+				if siteURL == "" {
+					hint += " On the closed bus, give --site-url: the site's leaf identity lets the hub read a site's JetStream, not change it"
+				}
+				return fmt.Errorf("steward site setup: %w (%s)", err, hint)
 			}
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "site %s: STEWARD_EVENTS sources %s's STEWARD_EVENTS through its consumer %s, on %d subjects (%d boxes, %d hives, %d machines)\n",
@@ -226,6 +262,7 @@ pending count is how far behind the site is.
 	fs.StringSliceVar(&site.Hives, "hives", nil, "the site's hives (credential), comma-separated")
 	fs.StringSliceVar(&site.Machines, "machines", nil, "the site's machines (provision), comma-separated")
 	fs.StringVar(&keysFile, "keys-file", "", `file of the site's keys, one a line: "box NAME", "hive NAME" or "machine NAME"`)
+	fs.StringVar(&siteURL, "site-url", "", "the site's leaf node (nats://HOST:PORT): the site's streams are made there; required on the closed bus")
 	fs.Int64Var(&maxBytes, "max-bytes", events.DefaultMaxBytes, "bytes the site's STEWARD_EVENTS and STEWARD_OUTCOMES may each hold")
 	fs.Int64Var(&dlqMax, "dlq-max-bytes", events.DefaultDLQMaxBytes, "bytes the site's STEWARD_DLQ may hold")
 	fs.Int64Var(&cpMaxBytes, "checkpoint-max-bytes", events.DefaultCheckpointMaxBytes, "bytes the site's checkpoint bucket may hold")

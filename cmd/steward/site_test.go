@@ -1,16 +1,24 @@
 package main
 
 import (
+	"context"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/natsauth"
+	"github.com/steward-dev/steward/workers/workertest"
 )
 
 // The configuration `steward site config` writes is one nats-server reads:
@@ -58,7 +66,55 @@ func TestSiteConfigIsALeafNodeNATSServerReads(t *testing.T) {
 					t.Errorf("closed bus: %d operators, link bound to %q with credentials %q", len(o.TrustedOperators), r.LocalAccount, r.Credentials)
 				}
 			}
+			if !o.FeatureFlags["js_api_reply_v2"] {
+				t.Errorf("feature flags %v: want js_api_reply_v2, which the leaf identity's permissions rely on", o.FeatureFlags)
+			}
 		})
+	}
+}
+
+// `steward creds issue leaf` issues the site's leaf identity from the
+// account signing key alone: named for the site, its permissions the
+// table's for the site and the hub's domain, with no document key (a leaf
+// node signs nothing).
+func TestCredsIssueLeafIsTheSitesIdentity(t *testing.T) {
+	dir := t.TempDir()
+	ok(t, nil, "creds", "init", "--dir", filepath.Join(dir, "auth"))
+	out := filepath.Join(dir, "leaf-site-a.creds")
+	ok(t, nil, "creds", "issue", "leaf", "site-a", "--hub-domain", "central", "--account-seed", filepath.Join(dir, "auth", natsauth.SigningSeedFile), "--out", out)
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token, err := jwt.ParseDecoratedJWT(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uc, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := natsauth.Leaf("site-a", "central")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := id.Permissions()
+	if uc.Name != "leaf-site-a" || !slices.Equal(uc.Pub.Allow, jwt.StringList(want.Publish)) || !slices.Equal(uc.Sub.Allow, jwt.StringList(want.Subscribe)) {
+		t.Errorf("leaf credentials: name %q, publish %v, subscribe %v; want leaf-site-a with %+v", uc.Name, uc.Pub.Allow, uc.Sub.Allow, want)
+	}
+	if !slices.Contains(uc.Pub.Allow, "$JS.central.API.CONSUMER.RESET.STEWARD_EVENTS.site-site-a") {
+		t.Errorf("the leaf may not reset its own consumer at the hub's domain: %v", uc.Pub.Allow)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "leaf-site-a.dockey")); err == nil {
+		t.Error("a leaf node got a document key; it signs nothing")
+	}
+	for _, args := range [][]string{
+		{"creds", "issue", "leaf", "site.a", "--account-seed", filepath.Join(dir, "auth", natsauth.SigningSeedFile)},
+		{"creds", "issue", "leaf", "hub", "--account-seed", filepath.Join(dir, "auth", natsauth.SigningSeedFile)},
+	} {
+		if r := run(t, nil, args...); r.code == 0 || !strings.Contains(r.stderr, "leaf identity") {
+			t.Errorf("steward %s: exit %d, stderr %q; want a refusal naming the leaf identity", strings.Join(args, " "), r.code, r.stderr)
+		}
 	}
 }
 
@@ -70,12 +126,165 @@ func TestSiteCommandsRefuseBadInput(t *testing.T) {
 		{[]string{"site", "config", "site.a", "--hub-url", "nats-leaf://h:7422", "--store-dir", "/tmp/x"}, "site name"},
 		{[]string{"site", "config", "site-a", "--hub-url", "http://h", "--store-dir", "/tmp/x"}, "--hub-url"},
 		{[]string{"site", "config", "site-a", "--hub-url", "nats-leaf://h:7422"}, "--store-dir"},
+		{[]string{"site", "config", "site-a", "--hub-url", "nats-leaf://h:7422", "--store-dir", "/tmp/x", "--server-dir", "/tmp/a", "--account", "AXXX"}, "--leaf-creds"},
 		{[]string{"site", "setup", "hub", "--nats-url", "nats://127.0.0.1:1"}, "differ"},
 		{[]string{"site", "setup", "site-a", "--hives", "a.b", "--nats-url", "nats://127.0.0.1:1"}, "hive"},
 	} {
 		r := run(t, nil, tc.args...)
 		if r.code == 0 || !strings.Contains(r.stderr, tc.want) {
 			t.Errorf("steward %s: exit %d, stderr %q; want a refusal naming %s", strings.Join(tc.args, " "), r.code, r.stderr, tc.want)
+		}
+	}
+}
+
+// startEmbedded starts a nats-server from o in this process.
+func startEmbedded(t *testing.T, o *server.Options) *server.Server {
+	t.Helper()
+	o.NoLog, o.NoSigs = true, true
+	s, err := server.NewServer(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server not ready in 10s")
+	}
+	return s
+}
+
+// A site on the closed bus from the commands alone: the authority from
+// creds init, the site's leaf identity from creds issue leaf, the leaf
+// node running the configuration site config writes, linked to a hub in
+// JWT mode; site setup --site-url makes the site's streams at the site
+// and the hub's consumer and sources at the hub; an event published at
+// the hub reaches the site, an outcome written at the site reaches the
+// hub, and a hub-side read with --js-domain answers under the site's
+// inbox prefix.
+func TestSiteSetupOnTheClosedBus(t *testing.T) {
+	dir := t.TempDir()
+	authDir, serverDir := filepath.Join(dir, "auth"), filepath.Join(dir, "server")
+	ok(t, nil, "creds", "init", "--dir", authDir, "--server-dir", serverDir)
+	auth, err := natsauth.LoadOrCreate(authDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := filepath.Join(authDir, natsauth.SigningSeedFile)
+	opCreds, leafCreds := filepath.Join(dir, "operator.creds"), filepath.Join(dir, "leaf-site-a.creds")
+	ok(t, nil, "creds", "issue", "operator", "--account-seed", seed, "--out", opCreds)
+	ok(t, nil, "creds", "issue", "leaf", "site-a", "--account-seed", seed, "--out", leafCreds)
+
+	freePort := func() int {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		return ln.Addr().(*net.TCPAddr).Port
+	}
+	hubOpts := &server.Options{ServerName: "hub", Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, JetStreamDomain: "hub",
+		StoreDir: t.TempDir(), LeafNode: server.LeafNodeOpts{Host: "127.0.0.1", Port: freePort()},
+		FeatureFlags: map[string]bool{"js_api_reply_v2": true}}
+	if err := auth.Configure(hubOpts); err != nil {
+		t.Fatal(err)
+	}
+	hub := startEmbedded(t, hubOpts)
+	conf := filepath.Join(dir, "site-a.conf")
+	ok(t, nil, "site", "config", "site-a", "--hub-url", fmt.Sprintf("nats-leaf://127.0.0.1:%d", hubOpts.LeafNode.Port),
+		"--store-dir", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", freePort()), "--max-file-store", "1GB",
+		"--server-dir", serverDir, "--account", auth.AccountPublic, "--leaf-creds", leafCreds, "--out", conf)
+	leafOpts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := startEmbedded(t, leafOpts)
+	workertest.WaitUntil(t, "site A's leaf node links to the hub with its leaf identity", func() bool { return hub.NumLeafNodes() == 1 })
+
+	connect := func(url, inbox, domain string) jetstream.JetStream {
+		opts := []nats.Option{nats.UserCredentials(opCreds)}
+		if inbox != "" {
+			opts = append(opts, nats.CustomInboxPrefix(inbox))
+		}
+		nc, err := nats.Connect(url, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		js, err := events.JetStreamIn(nc, domain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return js
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	hubJS := connect(hub.ClientURL(), "", "")
+	cfg := events.DefaultBusConfig(1)
+	cfg.Streams.MaxBytes, cfg.Streams.DLQMaxBytes, cfg.CheckpointMaxBytes = 64<<20, 16<<20, 16<<20
+	if err := events.SetupBus(ctx, hubJS, cfg); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"STEWARD_NATS_URL=" + hub.ClientURL(), "STEWARD_NATS_CREDS=" + opCreds}
+	limits := []string{"--max-bytes", fmt.Sprint(64 << 20), "--dlq-max-bytes", fmt.Sprint(16 << 20), "--checkpoint-max-bytes", fmt.Sprint(16 << 20)}
+	if r := run(t, env, append([]string{"site", "setup", "site-a", "--hives", "hive-1", "--site-url", hub.ClientURL()}, limits...)...); r.code == 0 || !strings.Contains(r.stderr, "not site site-a's leaf node") {
+		t.Errorf("site setup with the hub as --site-url: exit %d, stderr %q; want a refusal naming the domain found", r.code, r.stderr)
+	}
+	ok(t, env, append([]string{"site", "setup", "site-a", "--hives", "hive-1", "--site-url", leaf.ClientURL()}, limits...)...)
+
+	if _, err := hubJS.Publish(ctx, "steward.events.credential.rotated.hive-1", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	siteJS := connect(leaf.ClientURL(), "", "site-a")
+	fromHub := connect(hub.ClientURL(), events.SiteInboxPrefix("site-a"), "site-a")
+	hold := func(js jetstream.JetStream, stream string, want uint64) func() bool {
+		return func() bool {
+			s, err := js.Stream(ctx, stream)
+			return err == nil && s.CachedInfo().State.Msgs == want
+		}
+	}
+	workertest.WaitUntil(t, "the site holds the hub's event", hold(siteJS, events.StreamEvents, 1))
+	workertest.WaitUntil(t, "the hub reads it with the site's inbox prefix", hold(fromHub, events.StreamEvents, 1))
+	if _, err := siteJS.Publish(ctx, events.OutcomeSubject("credential", "hive-1"), []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	workertest.WaitUntil(t, "the hub holds the site's outcome", hold(hubJS, events.StreamOutcomes, 1))
+	// The hub-side read as a command: steward site status names the site
+	// linked and caught up.
+	r := ok(t, env, "site", "status", "--json")
+	if !strings.Contains(r.stdout, `"site-a"`) {
+		t.Errorf("steward site status: %s", r.stdout)
+	}
+	// Listing a site's documents makes a consumer, which the link does
+	// not carry: run at the site, the same command reads them.
+	if r := run(t, env, "status", "--js-domain", "site-a", "--json"); r.code == 0 {
+		t.Errorf("steward status --js-domain site-a at the hub made a consumer across the link: %s", r.stdout)
+	}
+	ok(t, []string{"STEWARD_NATS_URL=" + leaf.ClientURL(), "STEWARD_NATS_CREDS=" + opCreds}, "status", "--js-domain", "site-a", "--json")
+}
+
+// A tool given --js-domain and no inbox prefix of its own takes the
+// site's, the one prefix a site's leaf identity may answer under.
+func TestJSDomainTakesTheSitesInboxPrefix(t *testing.T) {
+	for _, tc := range []struct {
+		g    globals
+		want string
+	}{
+		{globals{jsDomain: "site-a"}, events.SiteInboxPrefix("site-a")},
+		{globals{jsDomain: "site-a", natsInbox: "_INBOX.mine"}, "_INBOX.mine"},
+		{globals{}, ""}, // nats.go's default, _INBOX
+	} {
+		opts, err := tc.g.authOptions()
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := nats.GetDefaultOptions()
+		for _, apply := range opts {
+			if err := apply(&o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := strings.TrimSuffix(o.InboxPrefix, "."); got != strings.TrimSuffix(tc.want, ".") {
+			t.Errorf("--js-domain %q --nats-inbox-prefix %q: inbox prefix %q, want %q", tc.g.jsDomain, tc.g.natsInbox, got, tc.want)
 		}
 	}
 }

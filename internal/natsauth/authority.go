@@ -229,7 +229,8 @@ func (a *Authority) Issue(id Identity, docKey ed25519.PublicKey) ([]byte, error)
 // instance, so any reader that trusts the account knows whose documents
 // the key signs (internal/proof).
 func IssueCreds(signingSeed []byte, account string, id Identity, docKey ed25519.PublicKey) ([]byte, error) {
-	if len(docKey) != ed25519.PublicKeySize {
+	// A leaf node stores nothing of its own: it has no document key.
+	if id.Role != RoleLeaf && len(docKey) != ed25519.PublicKeySize {
 		return nil, errors.New("no document key to certify: every identity signs what it stores (steward creds issue makes one)")
 	}
 	signer, err := nkeys.ParseDecoratedNKey(signingSeed)
@@ -247,8 +248,15 @@ func IssueCreds(signingSeed []byte, account string, id Identity, docKey ed25519.
 	if account != "" && !nkeys.IsValidPublicAccountKey(account) {
 		return nil, fmt.Errorf("the account %q is not an account's public key (A…)", account)
 	}
-	if id.Role != RoleOperator && id.Role != RolePublisher && id.Role != RoleWorker {
-		return nil, fmt.Errorf("identity role %q: want operator, publisher or worker", id.Role)
+	if id.Role != RoleOperator && id.Role != RolePublisher && id.Role != RoleWorker && id.Role != RoleLeaf {
+		return nil, fmt.Errorf("identity role %q: want operator, publisher, worker or leaf", id.Role)
+	}
+	if id.Role == RoleLeaf {
+		// Its permissions are built from the two names: an empty or
+		// wildcard one would widen them.
+		if _, err := Leaf(id.Site, id.HubDomain); err != nil {
+			return nil, err
+		}
 	}
 	user, err := nkeys.CreateUser()
 	if err != nil {
@@ -263,7 +271,10 @@ func IssueCreds(signingSeed []byte, account string, id Identity, docKey ed25519.
 	if account != "" && account != signerPub {
 		uc.IssuerAccount = account
 	}
-	uc.Tags.Add(proof.TagRole+string(id.Role), proof.TagKey+hex.EncodeToString(docKey))
+	uc.Tags.Add(proof.TagRole + string(id.Role))
+	if len(docKey) > 0 {
+		uc.Tags.Add(proof.TagKey + hex.EncodeToString(docKey))
+	}
 	if id.Role == RoleWorker {
 		uc.Tags.Add(proof.TagWorker+id.Worker, proof.TagInstance+id.Instance)
 	}
@@ -283,13 +294,18 @@ func IssueCreds(signingSeed []byte, account string, id Identity, docKey ed25519.
 
 // WriteCreds issues id's credentials into path, 0600, atomically, with
 // the document key beside them (proof.KeyFileFor): kept when it exists, so
-// documents signed before stay verifiable, made when it does not.
+// documents signed before stay verifiable, made when it does not. A leaf
+// node signs nothing and gets none.
 func (a *Authority) WriteCreds(path string, id Identity) error {
-	key, err := DocumentKey(proof.KeyFileFor(path))
-	if err != nil {
-		return err
+	var public ed25519.PublicKey
+	if id.Role != RoleLeaf {
+		key, err := DocumentKey(proof.KeyFileFor(path))
+		if err != nil {
+			return err
+		}
+		public = key.Public().(ed25519.PublicKey)
 	}
-	creds, err := a.Issue(id, key.Public().(ed25519.PublicKey))
+	creds, err := a.Issue(id, public)
 	if err != nil {
 		return err
 	}

@@ -26,11 +26,13 @@ type Role string
 
 // The roles. An operator runs setup, dlq, status, replay and export; a
 // publisher (a console, a pipeline, the HTTP ingress) publishes events; a
-// worker instance applies them.
+// worker instance applies them; a site's leaf node links the site to the
+// hub.
 const (
 	RoleOperator  Role = "operator"
 	RolePublisher Role = "publisher"
 	RoleWorker    Role = "worker"
+	RoleLeaf      Role = "leaf"
 )
 
 // Identity is one holder of credentials on the bus.
@@ -39,6 +41,9 @@ type Identity struct {
 	// Worker and Instance name a worker instance (RoleWorker only): the
 	// worker ("converge") and its instance ("install-7").
 	Worker, Instance string
+	// Site and HubDomain name a site's leaf node (RoleLeaf only): the
+	// site, its JetStream domain, and the hub's domain it sources from.
+	Site, HubDomain string
 }
 
 // Operator is the identity that may use the whole JetStream API.
@@ -63,8 +68,11 @@ func Worker(worker, instance string) (Identity, error) {
 // instance's consumer name "<worker>-<instance>". It is the user's name in
 // its credentials and the last part of its inbox prefix.
 func (id Identity) Name() string {
-	if id.Role == RoleWorker {
+	switch id.Role {
+	case RoleWorker:
 		return id.Worker + "-" + id.Instance
+	case RoleLeaf:
+		return "leaf-" + id.Site
 	}
 	return string(id.Role)
 }
@@ -103,6 +111,8 @@ func (id Identity) Permissions() Permissions {
 		// event by sequence already, so hearing of all of them grants
 		// nothing more.
 		return Permissions{Publish: workerPublish(id.Worker, id.Instance), Subscribe: []string{inbox, events.StoredPrefix + ".>", "steward.control." + id.Worker + "." + id.Instance}}
+	case RoleLeaf:
+		return leafPermissions(id.Site, id.HubDomain)
 	}
 	return Permissions{}
 }
@@ -184,9 +194,10 @@ func workerPublish(worker, instance string) []string {
 // design document: what each identity may publish and subscribe to.
 func Table() string {
 	w := Identity{Role: RoleWorker, Worker: "<w>", Instance: "<i>"}
+	l := Identity{Role: RoleLeaf, Site: "<site>", HubDomain: "<hub>"}
 	var b strings.Builder
 	b.WriteString("| identity | may publish to | may subscribe to |\n|---|---|---|\n")
-	for _, id := range []Identity{Operator(), Publisher(), w} {
+	for _, id := range []Identity{Operator(), Publisher(), w, l} {
 		p := id.Permissions()
 		fmt.Fprintf(&b, "| %s | `%s` | `%s` |\n", id.Name(), strings.Join(p.Publish, "`, `"), strings.Join(p.Subscribe, "`, `"))
 	}
