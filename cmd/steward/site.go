@@ -37,7 +37,7 @@ each site's. The link carries none of Steward's subjects, only JetStream's.
 
   site config NAME   writes the leaf node's nats-server configuration
   site setup NAME    creates or updates the site's streams and bucket, from the hub
-  site status        at the hub: each site's link and how many events it is behind
+  site status        at the hub: each site's link, and how many events it is behind and since when
 
 Workers at a site run unchanged, pointed at the leaf node with --js-domain NAME.`,
 	}
@@ -271,7 +271,8 @@ func newSiteStatusCmd(g *globals) *cobra.Command {
 LINKED says the site's leaf node is sourcing now; PENDING is how many of the
 site's events the hub holds and has not sent it yet (during a cut it grows with
 every event published for the site; the hub keeps them for its retention);
-UNCONFIRMED were sent and not yet confirmed by the site's flow control (stored
+OLDEST PENDING is the age of the oldest of them, about how long the site has
+been behind; UNCONFIRMED were sent and not yet confirmed by the site's flow control (stored
 there, or lost with a cut and sent again); LAST ACTIVE is when the site last
 took or confirmed one.`,
 		Args: cobra.NoArgs,
@@ -295,13 +296,13 @@ took or confirmed one.`,
 			return printJSON(cmd.OutOrStdout(), sites)
 		}
 		now := time.Now()
-		t := newTable(cmd.OutOrStdout(), "SITE", "LINKED", "PENDING", "UNCONFIRMED", "SUBJECTS", "LAST ACTIVE")
+		t := newTable(cmd.OutOrStdout(), "SITE", "LINKED", "PENDING", "OLDEST PENDING", "UNCONFIRMED", "SUBJECTS", "LAST ACTIVE")
 		for _, s := range sites {
 			active := "never"
 			if s.LastActive != nil {
 				active = ago(now, *s.LastActive)
 			}
-			t.row(s.Name, s.Linked, s.Pending, s.Unconfirmed, s.Subjects, active)
+			t.row(s.Name, s.Linked, s.Pending, siteAge(s), s.Unconfirmed, s.Subjects, active)
 		}
 		if len(sites) == 0 {
 			t.line("(no sites: steward site setup NAME makes one)")
