@@ -1,16 +1,24 @@
 package main
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/natsauth"
+	"github.com/steward-dev/steward/internal/ops"
+	"github.com/steward-dev/steward/internal/sitetest"
+	"github.com/steward-dev/steward/workers/workertest"
 )
 
 // The configuration `steward site config` writes is one nats-server reads:
@@ -77,5 +85,67 @@ func TestSiteCommandsRefuseBadInput(t *testing.T) {
 		if r.code == 0 || !strings.Contains(r.stderr, tc.want) {
 			t.Errorf("steward %s: exit %d, stderr %q; want a refusal naming %s", strings.Join(tc.args, " "), r.code, r.stderr, tc.want)
 		}
+	}
+}
+
+// At the hub, `steward status` and `steward site status` show the site: its
+// link, its lag and the age of the oldest event not sent, and its
+// instances; through a cut, down, behind, and its instances unreachable
+// with why. Human and JSON say the same.
+func TestStatusAtTheHubShowsTheSiteThroughACut(t *testing.T) {
+	pair := sitetest.Start(t, "site-a")
+	hubURL := pair.Hub.ClientURL()
+	nc, err := nats.Connect(hubURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	cfg := events.DefaultBusConfig(1)
+	cfg.Streams.MaxBytes, cfg.Streams.DLQMaxBytes, cfg.CheckpointMaxBytes = 64<<20, 16<<20, 16<<20
+	if err := events.SetupBus(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	opsOK(t, hubURL, newSiteCmd, "setup", "site-a", "--hives", "hive-1", "--max-bytes", "67108864", "--dlq-max-bytes", "16777216", "--checkpoint-max-bytes", "16777216")
+	workertest.WaitUntil(t, "the site's leaf node sources through the hub's consumer", func() bool {
+		st := decodeJSON[ops.Status](t, opsOK(t, hubURL, newStatusCmd, "-o", "json"))
+		return len(st.Sites) == 1 && st.Sites[0].Linked
+	})
+	out := opsOK(t, hubURL, newStatusCmd)
+	if !regexp.MustCompile(`(?m)^site-a\s+yes\s+0\s+-\s+0\s+0: none`).MatchString(out) {
+		t.Errorf("steward status at the hub, the site linked and idle:\n%s", out)
+	}
+
+	pair.Cut()
+	for v := 1; v <= 2; v++ {
+		if _, err := js.Publish(ctx, "steward.events.credential.rotated.hive-1", []byte("{}"), jetstream.WithMsgID(fmt.Sprintf("r-%d", v))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	workertest.WaitUntil(t, "the hub sees the site unlinked", func() bool {
+		st := decodeJSON[ops.Status](t, opsOK(t, hubURL, newStatusCmd, "-o", "json"))
+		return len(st.Sites) == 1 && !st.Sites[0].Linked
+	})
+	st := decodeJSON[ops.Status](t, opsOK(t, hubURL, newStatusCmd, "-o", "json"))
+	s := st.Sites[0]
+	if s.Name != "site-a" || s.Pending != 2 || s.OldestPending == nil || s.OldestPendingSeconds <= 0 || s.Unreachable == "" || s.Instances == nil {
+		t.Errorf("steward status -o json through the cut: %+v; want site-a 2 behind since the first, unreachable with why", s)
+	}
+	out = opsOK(t, hubURL, newStatusCmd)
+	if !regexp.MustCompile(`(?m)^site-a\s+no\s+2\s+\d+(\.\d+)?m?s\s+\d+\s+unreachable: \S`).MatchString(out) {
+		t.Errorf("steward status at the hub through the cut:\n%s", out)
+	}
+	out = opsOK(t, hubURL, newSiteCmd, "status")
+	if !regexp.MustCompile(`(?m)^SITE\s+LINKED\s+PENDING\s+OLDEST PENDING`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^site-a\s+no\s+2\s+\d+(\.\d+)?m?s\s`).MatchString(out) {
+		t.Errorf("steward site status through the cut:\n%s", out)
+	}
+	sites := decodeJSON[[]ops.Site](t, opsOK(t, hubURL, newSiteCmd, "status", "-o", "json"))
+	if len(sites) != 1 || sites[0].OldestPending == nil || !sites[0].OldestPending.Equal(*s.OldestPending) {
+		t.Errorf("steward site status -o json: %+v, want the same oldest event as steward status", sites)
 	}
 }

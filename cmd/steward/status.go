@@ -27,7 +27,14 @@ Instances are counted by state and listed worst first; --limit bounds the list
 (the rest are counted), --worker and --instance narrow it. The view costs the
 server the same few requests at any fleet size: one paged consumer listing,
 one read of the status documents, one count of dead letters, and one read per
-instance listed for its oldest pending event.`,
+instance listed for its oldest pending event.
+
+At a hub with sites (docs/design.md §9) it shows each site too: LINKED says its
+leaf node is sourcing now, PENDING how many of its events the hub holds and has
+not sent it, OLDEST PENDING the age of the oldest of them, and its instances as
+they last reported, read from the site's own bucket through the hub and
+verified in the site's domain. A site that cannot be read (its link is cut) is
+shown unreachable, with why: its instances are unknown until the link is back.`,
 		Example: `  steward status
   steward status --worker credential --limit 50
   steward status --instance credential-hive-7 -o json`,
