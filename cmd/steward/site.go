@@ -4,12 +4,15 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/steward-dev/steward/events"
@@ -210,7 +213,7 @@ pending count is how far behind the site is.
 			}
 			sctx, cancel := context.WithTimeout(ctx, siteSetupTimeout)
 			defer cancel()
-			if err := events.SetupSite(sctx, siteJS, hubJS, cfg, site); err != nil {
+			if err := setupSiteOnceLinked(sctx, siteJS, hubJS, cfg, site); err != nil {
 				return fmt.Errorf("steward site setup: %w (is the leaf node of site %s linked to this hub?)", err, site.Name)
 			}
 			out := cmd.OutOrStdout()
@@ -230,6 +233,24 @@ pending count is how far behind the site is.
 	fs.Int64Var(&dlqMax, "dlq-max-bytes", events.DefaultDLQMaxBytes, "bytes the site's STEWARD_DLQ may hold")
 	fs.Int64Var(&cpMaxBytes, "checkpoint-max-bytes", events.DefaultCheckpointMaxBytes, "bytes the site's checkpoint bucket may hold")
 	return cmd
+}
+
+// setupSiteOnceLinked sets the site up, asking again while nothing in the
+// site's domain answers (its leaf node is starting, or not linked yet, as
+// when a compose project starts the hub, the leaf node and this together),
+// until ctx ends.
+func setupSiteOnceLinked(ctx context.Context, siteJS, hubJS jetstream.JetStream, cfg events.BusConfig, site events.Site) error {
+	for {
+		err := events.SetupSite(ctx, siteJS, hubJS, cfg, site)
+		if !errors.Is(err, nats.ErrNoResponders) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // readSiteKeys adds the keys listed in path to s.
