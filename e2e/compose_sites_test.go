@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"context"
+	"crypto/ed25519"
 	"os"
 	"path/filepath"
 	"slices"
@@ -9,6 +11,8 @@ import (
 	"time"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/ops"
+	"github.com/steward-dev/steward/internal/proof"
 	"github.com/steward-dev/steward/internal/signing"
 )
 
@@ -81,6 +85,31 @@ func TestComposeSites(t *testing.T) {
 		o := waitOutcome(t, hub, "credential", hive, ids[name], 2*time.Minute)
 		if want := "dev.steward.credential.applied.v1"; o.Type() != want {
 			t.Errorf("%s: outcome %s (%s) at the hub; want %s", site, o.Type(), o.Data(), want)
+		}
+		// Signed at the site for its domain, the outcome the hub sourced
+		// verifies there as the instance's.
+		pub, err := signing.LoadPublicKey(filepath.Join(keys, "credential-"+hive+".pub"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := proof.NewVerifier()
+		v.Pin("credential-"+hive, pub.(ed25519.PublicKey))
+		h, err := ops.GetHistory(context.Background(), hub.js, ops.HistoryOptions{Worker: "credential", Key: hive, Proofs: ops.Proofs{Verifier: v}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		verified := 0
+		for _, en := range h.Entries {
+			switch {
+			case en.Kind != ops.EntryOutcome:
+			case en.Forged != "" || en.Unverified:
+				t.Errorf("%s: the hub's history shows the site's outcome forged %q, unverified %v; want it verified in %s's domain", site, en.Forged, en.Unverified, site)
+			default:
+				verified++
+			}
+		}
+		if verified != 1 {
+			t.Errorf("%s: %d outcomes verified in the hub's history; want the site's one", site, verified)
 		}
 		dir := r.env(p.Services[name])["STEWARD_CREDENTIAL_DIR"]
 		if raw, err := os.ReadFile(filepath.Join(dir, "client_id")); err != nil || strings.TrimSpace(string(raw)) != "sites-client-"+hive {

@@ -149,3 +149,65 @@ func TestStatusAtTheHubShowsTheSiteThroughACut(t *testing.T) {
 		t.Errorf("steward site status -o json: %+v, want the same oldest event as steward status", sites)
 	}
 }
+
+// The two-site example's leaf node configurations are exactly what
+// `steward site config` writes, so the example cannot drift from the
+// command: regenerate them with the command in the failure.
+func TestDeploySitesLeafConfigsAreSiteConfigsOutput(t *testing.T) {
+	for _, site := range []string{"site-a", "site-b"} {
+		args := []string{"config", site, "--hub-url", "nats-leaf://hub:7422", "--listen", "0.0.0.0:4222", "--http-listen", "0.0.0.0:8222", "--store-dir", "/data"}
+		want := opsOK(t, "", newSiteCmd, args...)
+		path := filepath.Join("..", "..", "deploy", "sites", site+".conf")
+		got, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != want {
+			t.Errorf("%s differs from what steward site config writes; regenerate it:\n  go run ./cmd/steward site %s --out deploy/sites/%s.conf", path, strings.Join(args, " "), site)
+		}
+	}
+}
+
+// `steward site setup` started before the site's leaf node is linked (as a
+// compose project starts them together) waits for it, and sets it up.
+func TestSiteSetupWaitsForTheLeafNode(t *testing.T) {
+	pair := sitetest.Start(t, "site-a")
+	hubURL := pair.Hub.ClientURL()
+	nc, err := nats.Connect(hubURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := events.DefaultBusConfig(1)
+	cfg.Streams.MaxBytes, cfg.Streams.DLQMaxBytes, cfg.CheckpointMaxBytes = 64<<20, 16<<20, 16<<20
+	if err := events.SetupBus(context.Background(), js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	pair.Cut()
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := opsRun(t, hubURL, newSiteCmd, "setup", "site-a", "--hives", "hive-1", "--max-bytes", "67108864", "--dlq-max-bytes", "16777216", "--checkpoint-max-bytes", "16777216")
+		done <- err
+	}()
+	// The setup has been refused by the unlinked site at least once when
+	// the hub holds its consumer (made first) and the site no stream.
+	workertest.WaitUntil(t, "the setup has made the hub's consumer for the site", func() bool {
+		sites, err := ops.Sites(context.Background(), js)
+		return err == nil && len(sites) == 1
+	})
+	pair.Restart()
+	if err := <-done; err != nil {
+		t.Fatalf("steward site setup, the leaf node linked while it waited: %v", err)
+	}
+	site, err := events.JetStreamIn(nc, "site-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := site.Stream(context.Background(), events.StreamEvents); err != nil {
+		t.Errorf("the site has no %s after the setup: %v", events.StreamEvents, err)
+	}
+}

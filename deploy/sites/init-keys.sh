@@ -3,6 +3,8 @@
 # (deploy/sites/compose.sites.yaml), run by its "keys" service. It makes
 # what is missing and keeps what exists.
 #
+#   operator.key/.pub     ed25519: the operator's document key, which signs
+#                         the hub's upgrade record (steward setup)
 #   controller.key/.pub   ed25519: the controller signs credential.rotated;
 #                         every site's credential workers verify with
 #                         controller.pub
@@ -22,6 +24,7 @@ key() {
   fi
   steward keys --dir "$dir" --kind "$1" --name "$2"
 }
+key ed25519 operator
 key controller controller
 for hive in ${HIVES:?HIVES lists the hives of every site, separated by spaces}; do
   key age "$hive"
