@@ -44,12 +44,21 @@ func loadProject(t testing.TB, files ...string) *types.Project {
 // loadProjectWith is loadProject with the given environment, as .env sets it.
 func loadProjectWith(t testing.TB, env []string, files ...string) *types.Project {
 	t.Helper()
+	return loadProjectIn(t, repoRoot, env, files...)
+}
+
+// loadProjectIn loads compose files (named from the repository's root) with
+// dir as the project folder, which relative paths in them are resolved
+// against: `docker compose -f deploy/sites/compose.sites.yaml` takes the
+// first file's folder.
+func loadProjectIn(t testing.TB, dir string, env []string, files ...string) *types.Project {
+	t.Helper()
 	var paths []string
 	for _, f := range files {
 		paths = append(paths, filepath.Join(repoRoot, f))
 	}
 	opts, err := cli.NewProjectOptions(paths,
-		cli.WithWorkingDirectory(repoRoot),
+		cli.WithWorkingDirectory(dir),
 		cli.WithEnv(env),
 		cli.WithInterpolation(true),
 		cli.WithResolvedPaths(true),

@@ -399,6 +399,12 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 		t.Errorf("during the cut the hub reports site A linked %v, %d behind, site B linked %v, %d behind; want A unlinked and %d behind, B linked and 0",
 			a.Linked, a.Pending, bb.Linked, bb.Pending, behind)
 	}
+	// And since when: the oldest event it holds for site A was published
+	// during the cut.
+	if a := during["site-a"]; a.OldestPending == nil || a.OldestPending.Before(cutAt) || a.OldestPendingSeconds <= 0 {
+		t.Errorf("during the cut the hub reports site A's oldest pending event stored at %v (%.1fs ago); want one published since the cut at %v",
+			a.OldestPending, a.OldestPendingSeconds, cutAt.UTC())
+	}
 	// The cut lasts siteCut, and through all of it site A must not move:
 	// watched, not slept through.
 	waitFor(t, "the cut has lasted its length with site A held back", siteCut+time.Minute, func() (bool, string) {
@@ -417,7 +423,7 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 	aAfterHeal := time.Since(healedAt)
 	waitFor(t, "the hub reports every site caught up", time.Minute, func() (bool, string) {
 		st := siteStatusAs(t, hub.url(), closed.operatorEnv())
-		return st["site-a"].Linked && st["site-a"].Pending == 0 && st["site-b"].Pending == 0, fmt.Sprintf("%+v", st)
+		return st["site-a"].Linked && st["site-a"].Pending == 0 && st["site-a"].OldestPending == nil && st["site-b"].Pending == 0, fmt.Sprintf("%+v", st)
 	})
 
 	// Every event has exactly one outcome at the hub, applied or superseded.
@@ -490,18 +496,12 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 	summary(t, closed.summaryName(),
 		"sites", 2, "instances_per_site", perSite, "read_mode", "stream", "auth", closed.name(),
 		"round1_both_sites", round(first), "cut", round(cut), "cut_target", siteCutTarget, "leaf_killed_during_cut", true,
-		"site_b_converged_during_cut", round(bDuringCut), "hub_reported_site_a_behind", during["site-a"].Pending, "site_a_relinked_after_heal", round(relinked), "site_a_converged_after_heal", round(aAfterHeal),
+		"site_b_converged_during_cut", round(bDuringCut), "hub_reported_site_a_behind", during["site-a"].Pending, "hub_reported_site_a_oldest_pending_age", round(time.Duration(during["site-a"].OldestPendingSeconds*float64(time.Second))), "site_a_relinked_after_heal", round(relinked), "site_a_converged_after_heal", round(aAfterHeal),
 		"events", len(ids), "superseded", superseded, "lost", lost, "duplicates_applied", dup, "backwards", backwards, "link_violations", violations)
 }
 
-// siteStatus is `steward site status --json` at the hub, by site.
-func siteStatus(t testing.TB, hubURL string) map[string]ops.Site {
-	t.Helper()
-	return siteStatusAs(t, hubURL, nil)
-}
-
-// siteStatusAs is siteStatus with env (the operator's credentials on the
-// closed bus).
+// siteStatusAs is `steward site status --json` at the hub, by site, run
+// with env (the operator's credentials on the closed bus).
 func siteStatusAs(t testing.TB, hubURL string, env map[string]string) map[string]ops.Site {
 	t.Helper()
 	var list []ops.Site

@@ -247,12 +247,7 @@ func SiteOf(src *jetstream.StreamSource, stream string) (string, bool) {
 	if src == nil || src.Name != stream || src.External == nil {
 		return "", false
 	}
-	site, ok := strings.CutPrefix(src.External.APIPrefix, "$JS.")
-	if !ok {
-		return "", false
-	}
-	site, ok = strings.CutSuffix(site, ".API")
-	return site, ok && CheckDomain(site) == nil
+	return apiPrefixDomain(src.External.APIPrefix)
 }
 
 // SetupSite creates or updates a site's streams and checkpoint bucket in

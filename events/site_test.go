@@ -2,9 +2,6 @@ package events_test
 
 import (
 	"context"
-	"fmt"
-	"net"
-	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -15,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/sitetest"
 	"github.com/steward-dev/steward/workers/workertest"
 )
 
@@ -122,44 +120,6 @@ func TestSiteOfReadsBackTheSourceHubSiteSourceMade(t *testing.T) {
 	}
 }
 
-// leafPair is an embedded hub (domain hub) and a leaf node (domain site-a)
-// linked to it, each with JetStream, the link denying Steward's subjects as
-// `steward site config` writes it.
-func leafPair(t *testing.T) (hub, leaf *server.Server) {
-	t.Helper()
-	start := func(o *server.Options) *server.Server {
-		o.Host, o.Port, o.JetStream, o.StoreDir, o.NoLog, o.NoSigs = "127.0.0.1", server.RANDOM_PORT, true, t.TempDir(), true, true
-		s, err := server.NewServer(o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.Start()
-		if !s.ReadyForConnections(10 * time.Second) {
-			t.Fatal("nats server not ready in 10s")
-		}
-		t.Cleanup(s.Shutdown)
-		return s
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	hub = start(&server.Options{ServerName: "hub", JetStreamDomain: "hub", LeafNode: server.LeafNodeOpts{Host: "127.0.0.1", Port: port}})
-	u, err := url.Parse(fmt.Sprintf("nats-leaf://127.0.0.1:%d", port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	deny := events.SiteLinkDenied()
-	leaf = start(&server.Options{ServerName: "site-a", JetStreamDomain: "site-a", LeafNode: server.LeafNodeOpts{
-		ReconnectInterval: 100 * time.Millisecond,
-		Remotes:           []*server.RemoteLeafOpts{{URLs: []*url.URL{u}, DenyImports: deny, DenyExports: deny}},
-	}})
-	workertest.WaitUntil(t, "the leaf is linked", func() bool { return leaf.NumLeafNodes() == 1 && hub.NumLeafNodes() == 1 })
-	return hub, leaf
-}
-
 func connectTo(t *testing.T, s *server.Server, domain string) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
 	nc, err := nats.Connect(s.ClientURL())
@@ -179,7 +139,8 @@ func connectTo(t *testing.T, s *server.Server, domain string) (*nats.Conn, jetst
 // outcome written at the site reaches the hub's stream; the hub's set-up
 // run again keeps the site's sources.
 func TestSetupSiteSourcesTheHubAndBack(t *testing.T) {
-	hub, leaf := leafPair(t)
+	pair := sitetest.Start(t, "site-a")
+	hub, leaf := pair.Hub, pair.Leaf
 	_, hubJS := connectTo(t, hub, "hub")
 	siteNC, siteJS := connectTo(t, leaf, "site-a")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -4,12 +4,15 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/steward-dev/steward/events"
@@ -37,7 +40,7 @@ each site's. The link carries none of Steward's subjects, only JetStream's.
 
   site config NAME   writes the leaf node's nats-server configuration
   site setup NAME    creates or updates the site's streams and bucket, from the hub
-  site status        at the hub: each site's link and how many events it is behind
+  site status        at the hub: each site's link, and how many events it is behind and since when
 
 Workers at a site run unchanged, pointed at the leaf node with --js-domain NAME.`,
 	}
@@ -242,7 +245,7 @@ reflected at the hub becomes a change at a site (docs/design.md §7).
 			}
 			sctx, cancel := context.WithTimeout(ctx, siteSetupTimeout)
 			defer cancel()
-			if err := events.SetupSite(sctx, siteJS, hubJS, cfg, site); err != nil {
+			if err := setupSiteOnceLinked(sctx, siteJS, hubJS, cfg, site); err != nil {
 				hint := fmt.Sprintf("is the leaf node of site %s linked to this hub?", site.Name)
 				if siteURL == "" {
 					hint += " On the closed bus, give --site-url: the site's leaf identity lets the hub read a site's JetStream, not change it"
@@ -267,6 +270,24 @@ reflected at the hub becomes a change at a site (docs/design.md §7).
 	fs.Int64Var(&dlqMax, "dlq-max-bytes", events.DefaultDLQMaxBytes, "bytes the site's STEWARD_DLQ may hold")
 	fs.Int64Var(&cpMaxBytes, "checkpoint-max-bytes", events.DefaultCheckpointMaxBytes, "bytes the site's checkpoint bucket may hold")
 	return cmd
+}
+
+// setupSiteOnceLinked sets the site up, asking again while nothing in the
+// site's domain answers (its leaf node is starting, or not linked yet, as
+// when a compose project starts the hub, the leaf node and this together),
+// until ctx ends.
+func setupSiteOnceLinked(ctx context.Context, siteJS, hubJS jetstream.JetStream, cfg events.BusConfig, site events.Site) error {
+	for {
+		err := events.SetupSite(ctx, siteJS, hubJS, cfg, site)
+		if !errors.Is(err, nats.ErrNoResponders) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // readSiteKeys adds the keys listed in path to s.
@@ -308,7 +329,8 @@ func newSiteStatusCmd(g *globals) *cobra.Command {
 LINKED says the site's leaf node is sourcing now; PENDING is how many of the
 site's events the hub holds and has not sent it yet (during a cut it grows with
 every event published for the site; the hub keeps them for its retention);
-UNCONFIRMED were sent and not yet confirmed by the site's flow control (stored
+OLDEST PENDING is the age of the oldest of them, about how long the site has
+been behind; UNCONFIRMED were sent and not yet confirmed by the site's flow control (stored
 there, or lost with a cut and sent again); LAST ACTIVE is when the site last
 took or confirmed one.`,
 		Args: cobra.NoArgs,
@@ -332,13 +354,13 @@ took or confirmed one.`,
 			return printJSON(cmd.OutOrStdout(), sites)
 		}
 		now := time.Now()
-		t := newTable(cmd.OutOrStdout(), "SITE", "LINKED", "PENDING", "UNCONFIRMED", "SUBJECTS", "LAST ACTIVE")
+		t := newTable(cmd.OutOrStdout(), "SITE", "LINKED", "PENDING", "OLDEST PENDING", "UNCONFIRMED", "SUBJECTS", "LAST ACTIVE")
 		for _, s := range sites {
 			active := "never"
 			if s.LastActive != nil {
 				active = ago(now, *s.LastActive)
 			}
-			t.row(s.Name, s.Linked, s.Pending, s.Unconfirmed, s.Subjects, active)
+			t.row(s.Name, s.Linked, s.Pending, siteAge(s), s.Unconfirmed, s.Subjects, active)
 		}
 		if len(sites) == 0 {
 			t.line("(no sites: steward site setup NAME makes one)")

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -18,6 +19,8 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/natsauth"
+	"github.com/steward-dev/steward/internal/ops"
+	"github.com/steward-dev/steward/internal/sitetest"
 	"github.com/steward-dev/steward/workers/workertest"
 )
 
@@ -286,5 +289,129 @@ func TestJSDomainTakesTheSitesInboxPrefix(t *testing.T) {
 		if got := strings.TrimSuffix(o.InboxPrefix, "."); got != strings.TrimSuffix(tc.want, ".") {
 			t.Errorf("--js-domain %q --nats-inbox-prefix %q: inbox prefix %q, want %q", tc.g.jsDomain, tc.g.natsInbox, got, tc.want)
 		}
+	}
+}
+
+// At the hub, `steward status` and `steward site status` show the site: its
+// link, its lag and the age of the oldest event not sent, and its
+// instances; through a cut, down, behind, and its instances unreachable
+// with why. Human and JSON say the same.
+func TestStatusAtTheHubShowsTheSiteThroughACut(t *testing.T) {
+	pair := sitetest.Start(t, "site-a")
+	hubURL := pair.Hub.ClientURL()
+	nc, err := nats.Connect(hubURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	cfg := events.DefaultBusConfig(1)
+	cfg.Streams.MaxBytes, cfg.Streams.DLQMaxBytes, cfg.CheckpointMaxBytes = 64<<20, 16<<20, 16<<20
+	if err := events.SetupBus(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	opsOK(t, hubURL, newSiteCmd, "setup", "site-a", "--hives", "hive-1", "--max-bytes", "67108864", "--dlq-max-bytes", "16777216", "--checkpoint-max-bytes", "16777216")
+	workertest.WaitUntil(t, "the site's leaf node sources through the hub's consumer", func() bool {
+		st := decodeJSON[ops.Status](t, opsOK(t, hubURL, newStatusCmd, "-o", "json"))
+		return len(st.Sites) == 1 && st.Sites[0].Linked
+	})
+	out := opsOK(t, hubURL, newStatusCmd)
+	if !regexp.MustCompile(`(?m)^site-a\s+yes\s+0\s+-\s+0\s+0: none`).MatchString(out) {
+		t.Errorf("steward status at the hub, the site linked and idle:\n%s", out)
+	}
+
+	pair.Cut()
+	for v := 1; v <= 2; v++ {
+		if _, err := js.Publish(ctx, "steward.events.credential.rotated.hive-1", []byte("{}"), jetstream.WithMsgID(fmt.Sprintf("r-%d", v))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	workertest.WaitUntil(t, "the hub sees the site unlinked", func() bool {
+		st := decodeJSON[ops.Status](t, opsOK(t, hubURL, newStatusCmd, "-o", "json"))
+		return len(st.Sites) == 1 && !st.Sites[0].Linked
+	})
+	st := decodeJSON[ops.Status](t, opsOK(t, hubURL, newStatusCmd, "-o", "json"))
+	s := st.Sites[0]
+	if s.Name != "site-a" || s.Pending != 2 || s.OldestPending == nil || s.OldestPendingSeconds <= 0 || s.Unreachable == "" || s.Instances == nil {
+		t.Errorf("steward status -o json through the cut: %+v; want site-a 2 behind since the first, unreachable with why", s)
+	}
+	out = opsOK(t, hubURL, newStatusCmd)
+	if !regexp.MustCompile(`(?m)^site-a\s+no\s+2\s+\d+(\.\d+)?m?s\s+\d+\s+unreachable: \S`).MatchString(out) {
+		t.Errorf("steward status at the hub through the cut:\n%s", out)
+	}
+	out = opsOK(t, hubURL, newSiteCmd, "status")
+	if !regexp.MustCompile(`(?m)^SITE\s+LINKED\s+PENDING\s+OLDEST PENDING`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^site-a\s+no\s+2\s+\d+(\.\d+)?m?s\s`).MatchString(out) {
+		t.Errorf("steward site status through the cut:\n%s", out)
+	}
+	sites := decodeJSON[[]ops.Site](t, opsOK(t, hubURL, newSiteCmd, "status", "-o", "json"))
+	if len(sites) != 1 || sites[0].OldestPending == nil || !sites[0].OldestPending.Equal(*s.OldestPending) {
+		t.Errorf("steward site status -o json: %+v, want the same oldest event as steward status", sites)
+	}
+}
+
+// The two-site example's leaf node configurations are exactly what
+// `steward site config` writes, so the example cannot drift from the
+// command: regenerate them with the command in the failure.
+func TestDeploySitesLeafConfigsAreSiteConfigsOutput(t *testing.T) {
+	for _, site := range []string{"site-a", "site-b"} {
+		args := []string{"config", site, "--hub-url", "nats-leaf://hub:7422", "--listen", "0.0.0.0:4222", "--http-listen", "0.0.0.0:8222", "--store-dir", "/data"}
+		want := opsOK(t, "", newSiteCmd, args...)
+		path := filepath.Join("..", "..", "deploy", "sites", site+".conf")
+		got, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != want {
+			t.Errorf("%s differs from what steward site config writes; regenerate it:\n  go run ./cmd/steward site %s --out deploy/sites/%s.conf", path, strings.Join(args, " "), site)
+		}
+	}
+}
+
+// `steward site setup` started before the site's leaf node is linked (as a
+// compose project starts them together) waits for it, and sets it up.
+func TestSiteSetupWaitsForTheLeafNode(t *testing.T) {
+	pair := sitetest.Start(t, "site-a")
+	hubURL := pair.Hub.ClientURL()
+	nc, err := nats.Connect(hubURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := events.DefaultBusConfig(1)
+	cfg.Streams.MaxBytes, cfg.Streams.DLQMaxBytes, cfg.CheckpointMaxBytes = 64<<20, 16<<20, 16<<20
+	if err := events.SetupBus(context.Background(), js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	pair.Cut()
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := opsRun(t, hubURL, newSiteCmd, "setup", "site-a", "--hives", "hive-1", "--max-bytes", "67108864", "--dlq-max-bytes", "16777216", "--checkpoint-max-bytes", "16777216")
+		done <- err
+	}()
+	// The setup has been refused by the unlinked site at least once when
+	// the hub holds its consumer (made first) and the site no stream.
+	workertest.WaitUntil(t, "the setup has made the hub's consumer for the site", func() bool {
+		sites, err := ops.Sites(context.Background(), js)
+		return err == nil && len(sites) == 1
+	})
+	pair.Restart()
+	if err := <-done; err != nil {
+		t.Fatalf("steward site setup, the leaf node linked while it waited: %v", err)
+	}
+	site, err := events.JetStreamIn(nc, "site-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := site.Stream(context.Background(), events.StreamEvents); err != nil {
+		t.Errorf("the site has no %s after the setup: %v", events.StreamEvents, err)
 	}
 }

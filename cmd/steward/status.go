@@ -27,7 +27,14 @@ Instances are counted by state and listed worst first; --limit bounds the list
 (the rest are counted), --worker and --instance narrow it. The view costs the
 server the same few requests at any fleet size: one paged consumer listing,
 one read of the status documents, one count of dead letters, and one read per
-instance listed for its oldest pending event.`,
+instance listed for its oldest pending event.
+
+At a hub with sites (docs/design.md §9) it shows each site too: LINKED says its
+leaf node is sourcing now, PENDING how many of its events the hub holds and has
+not sent it, OLDEST PENDING the age of the oldest of them, and its instances as
+they last reported, read from the site's own bucket through the hub and
+verified in the site's domain. A site that cannot be read (its link is cut) is
+shown unreachable, with why: its instances are unknown until the link is back.`,
 		Example: `  steward status
   steward status --worker credential --limit 50
   steward status --instance credential-hive-7 -o json`,
@@ -86,21 +93,69 @@ func printStatus(w io.Writer, st *ops.Status) error {
 		t.row(s.Name, s.Messages, s.Bytes, s.FirstSeq, s.LastSeq, s.Consumers)
 	}
 	t.line("")
+	t.line("INSTANCES %d: %s; DEAD LETTERS %d", st.Total, summaryCounts(st.InstanceSummary), st.DeadLetters)
+	if st.Total == 0 {
+		t.line("(no worker instance has a consumer or a status document yet: start one with `steward worker`)")
+	} else {
+		printInstances(t, now, "", st.InstanceSummary)
+	}
+	if len(st.Sites) > 0 {
+		printSites(t, now, st.Sites)
+	}
+	return t.flush()
+}
+
+// summaryCounts is the instances of a summary counted by state, worst
+// first, the states with none left out.
+func summaryCounts(sum ops.InstanceSummary) string {
 	var counts []string
 	for _, s := range ops.States {
-		if n := st.Counts[s]; n > 0 {
+		if n := sum.Counts[s]; n > 0 {
 			counts = append(counts, fmt.Sprintf("%d %s", n, s))
 		}
 	}
 	if len(counts) == 0 {
-		counts = []string{"none"}
+		return "none"
 	}
-	t.line("INSTANCES %d: %s; DEAD LETTERS %d", st.Total, strings.Join(counts, ", "), st.DeadLetters)
-	if st.Total == 0 {
-		t.line("(no worker instance has a consumer or a status document yet: start one with `steward worker`)")
-		return t.flush()
-	}
+	return strings.Join(counts, ", ")
+}
+
+// printSites prints each site the hub sources to: its link, how far
+// behind it is, and its instances as they last reported, read from the
+// site; a site that cannot be read says why, and nothing of its instances.
+func printSites(t *table, now time.Time, sites []ops.SiteStatus) {
 	t.line("")
+	t.row("SITE", "LINKED", "PENDING", "OLDEST PENDING", "UNCONFIRMED", "INSTANCES")
+	for _, s := range sites {
+		instances := fmt.Sprintf("%d: %s; dead letters %d", s.Total, summaryCounts(s.InstanceSummary), s.DeadLetters)
+		if s.Unreachable != "" {
+			instances = "unreachable: " + s.Unreachable
+		}
+		t.row(s.Name, s.Linked, s.Pending, siteAge(s.Site), s.Unconfirmed, instances)
+	}
+	for _, s := range sites {
+		if s.Unreachable == "" && s.Total > 0 {
+			printInstances(t, now, s.Name, s.InstanceSummary)
+		}
+	}
+}
+
+// siteAge is the age of the oldest event held for a site and not sent.
+func siteAge(s ops.Site) string {
+	if s.OldestPending == nil {
+		return "-"
+	}
+	return roundDur(time.Duration(s.OldestPendingSeconds * float64(time.Second)))
+}
+
+// printInstances prints the instances of one domain, worst first, and
+// what is wrong with them: forgeries, dead letters, retrying and waiting
+// keys. site names the site they are at ("" at the bus asked).
+func printInstances(t *table, now time.Time, site string, st ops.InstanceSummary) {
+	t.line("")
+	if site != "" {
+		t.line("SITE %s", site)
+	}
 	t.row("INSTANCE", "STATE", "CONSUMING", "LAST ACTIVE", "PENDING", "ACK PENDING", "OLDEST PENDING", "RETRYING", "WAITING", "DLQ", "PAUSED UNTIL")
 	for _, in := range st.Instances {
 		active := "never"
@@ -178,5 +233,4 @@ func printStatus(w io.Writer, st *ops.Status) error {
 			}
 		}
 	}
-	return t.flush()
 }

@@ -272,6 +272,7 @@ func ListLetters(ctx context.Context, js jetstream.JetStream, f LetterFilter, p 
 	if s == nil {
 		return nil, &NoStreamsError{Server: out.Server}
 	}
+	p = p.sourcedBy(s.CachedInfo())
 	if f.Seqs != nil {
 		for _, seq := range f.Seqs {
 			l, err := GetLetter(ctx, js, seq, p)
@@ -377,6 +378,7 @@ func GetLetter(ctx context.Context, js jetstream.JetStream, seq uint64, p Proofs
 	if err != nil {
 		return Letter{}, fmt.Errorf("look up stream %s on %s: %w", events.StreamDLQ, ServerURL(js), err)
 	}
+	p = p.sourcedBy(s.CachedInfo())
 	m, err := s.GetMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return Letter{}, fmt.Errorf("%w: %s sequence %d holds nothing (retried, removed or purged already?); list what is there with `steward dlq ls`", ErrNoLetter, events.StreamDLQ, seq)

@@ -296,8 +296,9 @@ func (h *History) add(en Entry) {
 }
 
 // read calls fn for every message of the subjects of a stream, and
-// records how far it read (through) for FollowHistory. A missing stream
-// reads as empty.
+// records how far it read (through) for FollowHistory, and the stream's
+// sources for checking its messages' proofs. A missing stream reads as
+// empty.
 func (h *History) read(ctx context.Context, js jetstream.JetStream, stream string, subjects []string, since time.Time,
 	fn func(m jetstream.Msg, meta *jetstream.MsgMetadata)) error {
 	s, err := streamOrNone(ctx, js, stream)
@@ -308,6 +309,7 @@ func (h *History) read(ctx context.Context, js jetstream.JetStream, stream strin
 	// before the stream's last one now, so a follower of a history whose
 	// range held nothing does not go back over what --since left out.
 	h.through[stream] = s.CachedInfo().State.LastSeq
+	h.follow.o.Proofs = h.follow.o.Proofs.sourcedBy(s.CachedInfo())
 	err = streamread.Each(ctx, js, streamread.Range{Stream: stream, Subjects: subjects, StartTime: since}, func(m jetstream.Msg) error {
 		meta, err := m.Metadata()
 		if err != nil {

@@ -99,6 +99,7 @@ func GetMessage(ctx context.Context, js jetstream.JetStream, stream string, seq 
 	if s == nil {
 		return nil, &NoStreamsError{Server: ServerURL(js)}
 	}
+	proofs = proofs.sourcedBy(s.CachedInfo())
 	raw, err := s.GetMsg(ctx, seq)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {

@@ -14,7 +14,9 @@
 // documents read with one KV watch over rt.>, dead-letter depth from one
 // stream info with a subject filter, and what costs a request per instance
 // (the age of the oldest pending event) is computed only for the instances
-// a page shows.
+// a page shows. A hub's sites come from the same consumer listing; each
+// costs, through the hub, the same few requests in its own domain, and the
+// age of its oldest unsent event a fixed few more when it is behind.
 package ops
 
 import (

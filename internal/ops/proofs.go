@@ -2,10 +2,12 @@ package ops
 
 import (
 	"errors"
+	"maps"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/proof"
@@ -32,6 +34,35 @@ type Proofs struct {
 	// stored after it is forged. The server stamps the store time, so no
 	// writer can backdate a message.
 	LegacyBefore time.Time
+
+	// sources are, per stream, the domains it sources from, read by each
+	// reader from the stream's configuration as the server reports it
+	// (sourcedBy), never from what a message says: an outcome or letter a
+	// hub's stream sourced from a site is signed for the site's domain.
+	sources map[string]events.SourceDomains
+}
+
+// sourcedBy is p knowing the sources of the stream info describes, so a
+// message that stream sourced from another domain is verified in that
+// domain (events.SourceDomains.ProofDomain).
+func (p Proofs) sourcedBy(info *jetstream.StreamInfo) Proofs {
+	if info == nil {
+		return p
+	}
+	sources := maps.Clone(p.sources)
+	if sources == nil {
+		sources = map[string]events.SourceDomains{}
+	}
+	sources[info.Config.Name] = events.SourceDomainsOf(info.Config)
+	p.sources = sources
+	return p
+}
+
+// domain is the domain a message of stream, stored on subject with
+// headers h, is verified in: the one function every reader's check goes
+// through.
+func (p Proofs) domain(stream, subject string, h nats.Header) string {
+	return p.sources[stream].ProofDomain(p.Domain, subject, h)
 }
 
 // ProofsOf checks with what the operator's store of the checkpoint bucket
@@ -54,7 +85,7 @@ func (p Proofs) outcome(subject string, stored time.Time, h nats.Header, data []
 	if p.Verifier == nil {
 		return "", true
 	}
-	return p.judge(stored, events.VerifyOutcome(p.Verifier, p.Domain, subject, h, data, e))
+	return p.judge(stored, events.VerifyOutcome(p.Verifier, p.domain(events.StreamOutcomes, subject, h), subject, h, data, e))
 }
 
 // letter checks a dead letter stored at stored as outcome does an outcome.
@@ -62,7 +93,7 @@ func (p Proofs) letter(d events.DeadLetter, stored time.Time) (forged string, un
 	if p.Verifier == nil {
 		return "", true
 	}
-	return p.judge(stored, d.VerifyProof(p.Verifier, p.Domain))
+	return p.judge(stored, d.VerifyProof(p.Verifier, p.domain(events.StreamDLQ, d.DLQSubject, d.Headers)))
 }
 
 func (p Proofs) judge(stored time.Time, err error) (forged string, unverified bool) {

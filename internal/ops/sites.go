@@ -2,15 +2,24 @@ package ops
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/redact"
+	"github.com/steward-dev/steward/internal/streamread"
 )
+
+// SiteReadTimeout bounds reading one site's instances through the hub: a
+// site whose link is cut usually answers "no responders" at once, but one
+// whose link is slow must not hold the hub's status up.
+const SiteReadTimeout = 5 * time.Second
 
 // Site is what the hub knows of one site (docs/design.md §9): whether its
 // leaf node is sourcing now, and how far behind it is, from the hub's
@@ -23,6 +32,11 @@ type Site struct {
 	// Pending is how many of the site's events the hub holds and has not
 	// sent it yet: during a cut, every event published for the site since.
 	Pending uint64 `json:"pending"`
+	// OldestPending is when the oldest of them was stored at the hub, and
+	// OldestPendingSeconds its age: during a cut, about how long the site
+	// has been behind. Unset when nothing is pending.
+	OldestPending        *time.Time `json:"oldestPending,omitempty"`
+	OldestPendingSeconds float64    `json:"oldestPendingSeconds,omitempty"`
 	// Unconfirmed is how many were sent and not yet confirmed by the
 	// site's flow control: stored at the site, or lost with a cut and sent
 	// again when the site resets the consumer. Confirmations come in
@@ -33,10 +47,59 @@ type Site struct {
 	Subjects int `json:"subjects"`
 	// LastActive is when the site last took or acknowledged an event.
 	LastActive *time.Time `json:"lastActive,omitempty"`
+
+	filters   []string
+	delivered uint64
+}
+
+// siteOf is the site a consumer of the hub's STEWARD_EVENTS serves, when
+// it is one events.SiteConsumerConfig made.
+func siteOf(info *jetstream.ConsumerInfo) (Site, bool) {
+	name, ok := events.SiteOfConsumer(info.Config)
+	if !ok {
+		return Site{}, false
+	}
+	return Site{Name: name, Linked: info.PushBound,
+		Pending: info.NumPending, Unconfirmed: info.NumAckPending,
+		Subjects:   len(info.Config.FilterSubjects),
+		LastActive: latest(info.Delivered.Last, info.AckFloor.Last),
+		filters:    info.Config.FilterSubjects, delivered: info.Delivered.Stream}, true
+}
+
+// readOldestPending sets when the oldest event held for the site and not
+// sent to it yet was stored: the first message on the site's subjects
+// after the consumer's delivered floor (every message up to the floor was
+// sent, or is on no subject of the site's). It is cheap, and costs the
+// same whatever the site's size: an ordered consumer from that sequence,
+// on the site's subjects, reads that one message (create, fetch one,
+// delete: a fixed few requests), and the server finds it through its
+// per-subject index, skipping the blocks that hold none of the site's
+// subjects, never reading the stream up to it. A direct get would be one
+// request per subject: nats-server's next_by_subj takes one subject, and a
+// site has one per key. Only a site with events pending costs anything.
+func (s *Site) readOldestPending(ctx context.Context, hub jetstream.JetStream, now time.Time) error {
+	if s.Pending == 0 || len(s.filters) == 0 {
+		return nil
+	}
+	err := streamread.Each(ctx, hub, streamread.Range{Stream: events.StreamEvents, Subjects: s.filters, StartSeq: s.delivered + 1, Limit: 1},
+		func(m jetstream.Msg) error {
+			meta, err := m.Metadata()
+			if err != nil {
+				return err
+			}
+			t := meta.Timestamp.UTC()
+			s.OldestPending, s.OldestPendingSeconds = &t, now.Sub(t).Seconds()
+			return nil
+		})
+	if err != nil {
+		return fmt.Errorf("site %s: the oldest event not sent to it: %w", s.Name, err)
+	}
+	return nil
 }
 
 // Sites lists the sites set up at this hub (`steward site setup`), one
-// paged listing of STEWARD_EVENTS' consumers.
+// paged listing of STEWARD_EVENTS' consumers, and for each site that is
+// behind, the age of the oldest event it has not been sent.
 func Sites(ctx context.Context, js jetstream.JetStream) ([]Site, error) {
 	s, err := streamOrNone(ctx, js, events.StreamEvents)
 	if err != nil {
@@ -48,18 +111,111 @@ func Sites(ctx context.Context, js jetstream.JetStream) ([]Site, error) {
 	var out []Site
 	lister := s.ListConsumers(ctx)
 	for info := range lister.Info() {
-		name, ok := events.SiteOfConsumer(info.Config)
-		if !ok {
-			continue
+		if site, ok := siteOf(info); ok {
+			out = append(out, site)
 		}
-		out = append(out, Site{Name: name, Linked: info.PushBound,
-			Pending: info.NumPending, Unconfirmed: info.NumAckPending,
-			Subjects:   len(info.Config.FilterSubjects),
-			LastActive: latest(info.Delivered.Last, info.AckFloor.Last)})
 	}
 	if err := lister.Err(); err != nil {
 		return nil, fmt.Errorf("list the consumers of %s: %w", events.StreamEvents, err)
 	}
+	now := time.Now()
+	for i := range out {
+		if err := out[i].readOldestPending(ctx, js, now); err != nil {
+			return nil, err
+		}
+	}
 	slices.SortFunc(out, func(a, b Site) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
+}
+
+// SiteStatus is a site as the hub's `steward status` shows it: its link
+// and lag, from the hub's consumer for it, and its worker instances, read
+// from the site's own JetStream through the hub.
+type SiteStatus struct {
+	Site
+	// Unreachable, when set, says why the site's instances could not be
+	// read through the hub (its link is cut, its leaf node is down): what
+	// they last reported is kept at the site, and the hub holds no copy,
+	// so they are unknown until the link is back, never "none".
+	Unreachable string `json:"unreachable,omitempty"`
+	InstanceSummary
+}
+
+// siteStatuses reads each site's instances through the hub, the sites at
+// once, each bounded by SiteReadTimeout.
+func siteStatuses(ctx context.Context, hub jetstream.JetStream, sites []Site, o StatusOptions, now time.Time) []SiteStatus {
+	out := make([]SiteStatus, len(sites))
+	var wg sync.WaitGroup
+	for i, s := range sites {
+		out[i] = SiteStatus{Site: s, InstanceSummary: emptySummary()}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sctx, cancel := context.WithTimeout(ctx, SiteReadTimeout)
+			defer cancel()
+			if err := out[i].Site.readOldestPending(sctx, hub, now); err != nil {
+				// The lag's count stands without its age.
+				out[i].OldestPending = nil
+			}
+			sum, err := siteInstances(sctx, hub, s.Name, o, now)
+			if err != nil {
+				out[i].Unreachable = redact.Line(err.Error())
+				return
+			}
+			out[i].InstanceSummary = sum
+		}()
+	}
+	wg.Wait()
+	slices.SortFunc(out, func(a, b SiteStatus) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// siteInstances reads the instances of site from its own JetStream, through
+// the hub ($JS.<site>.API, with the operator's credentials): its
+// consumers, its instances' status documents, verified as each instance's
+// in the site's domain (docs/design.md §7) with the keys o.Docs believes,
+// and its dead letters, summarised as the hub's own are.
+func siteInstances(ctx context.Context, hub jetstream.JetStream, site string, o StatusOptions, now time.Time) (InstanceSummary, error) {
+	nc := hub.Conn()
+	if nc == nil {
+		return InstanceSummary{}, errors.New("no connection to reach the site through")
+	}
+	js, err := events.JetStreamIn(nc, site)
+	if err != nil {
+		return InstanceSummary{}, err
+	}
+	ev, err := js.Stream(ctx, events.StreamEvents)
+	if err != nil {
+		return InstanceSummary{}, fmt.Errorf("look up %s in domain %s: %w", events.StreamEvents, site, err)
+	}
+	byName := map[string]*Instance{}
+	if _, err := listInstances(ctx, ev, byName); err != nil {
+		return InstanceSummary{}, err
+	}
+	var docs *events.Store
+	if o.Docs != nil {
+		kv, err := js.KeyValue(ctx, events.CheckpointBucket)
+		if err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
+			return InstanceSummary{}, fmt.Errorf("open bucket %s in domain %s: %w", events.CheckpointBucket, site, err)
+		}
+		if kv != nil {
+			// Read-only, bound to the site's domain: a document copied
+			// from the hub or another site does not verify here.
+			docs = events.NewStore(kv, events.StoreOptions{Verifier: o.Docs.Verifier(), Domain: site})
+			docs.BindStream(ctx, js)
+		}
+	}
+	if docs != nil || o.Docs == nil {
+		if err := readStatusDocs(ctx, js, docs, o.Worker, byName); err != nil {
+			return InstanceSummary{}, err
+		}
+	}
+	if err := readDLQDepth(ctx, js, byName); err != nil {
+		return InstanceSummary{}, err
+	}
+	proofs := ProofsOf(docs)
+	if docs == nil && o.Docs != nil {
+		proofs = Proofs{Verifier: o.Docs.Verifier(), Domain: site}
+	}
+	return summarize(ctx, js, ev, byName, o, now, proofs)
 }

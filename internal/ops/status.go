@@ -87,6 +87,16 @@ type Status struct {
 	ServerVersion string    `json:"serverVersion,omitempty"`
 	Time          time.Time `json:"time"`
 	Streams       []Stream  `json:"streams"`
+	InstanceSummary
+	// Sites are the sites set up at this hub (docs/design.md §9), each
+	// with its link, its lag and its own instances; none at a bus that
+	// has no sites.
+	Sites []SiteStatus `json:"sites"`
+}
+
+// InstanceSummary is the worker instances of one JetStream domain: the
+// hub's, or a site's.
+type InstanceSummary struct {
 	// Total is the number of instances matched; Counts counts them by
 	// state (every state present, zero or not).
 	Total  int           `json:"total"`
@@ -100,6 +110,14 @@ type Status struct {
 	// how many matched beyond them.
 	Instances []Instance `json:"instances"`
 	More      int        `json:"more"`
+}
+
+func emptySummary() InstanceSummary {
+	sum := InstanceSummary{Counts: map[State]int{}, Instances: []Instance{}}
+	for _, s := range States {
+		sum.Counts[s] = 0
+	}
+	return sum
 }
 
 // Stream is one of Steward's streams as the server holds it.
@@ -196,7 +214,7 @@ func GetStatus(ctx context.Context, js jetstream.JetStream, o StatusOptions) (*S
 	if now.IsZero() {
 		now = time.Now()
 	}
-	st := &Status{Server: ServerURL(js), Time: now.UTC(), Counts: map[State]int{}, Instances: []Instance{}}
+	st := &Status{Server: ServerURL(js), Time: now.UTC(), InstanceSummary: emptySummary(), Sites: []SiteStatus{}}
 	if nc := js.Conn(); nc != nil {
 		st.ServerName, st.ServerVersion = nc.ConnectedServerName(), nc.ConnectedServerVersion()
 	}
@@ -224,8 +242,11 @@ func GetStatus(ctx context.Context, js jetstream.JetStream, o StatusOptions) (*S
 	}
 
 	byName := map[string]*Instance{}
+	var sites []Site
 	if evStream != nil {
-		if err := listInstances(ctx, evStream, byName); err != nil {
+		var err error
+		// The sites come with the instances, from the same listing.
+		if sites, err = listInstances(ctx, evStream, byName); err != nil {
 			return nil, err
 		}
 	}
@@ -235,7 +256,24 @@ func GetStatus(ctx context.Context, js jetstream.JetStream, o StatusOptions) (*S
 	if err := readDLQDepth(ctx, js, byName); err != nil {
 		return nil, err
 	}
+	sum, err := summarize(ctx, js, evStream, byName, o, now, ProofsOf(o.Docs))
+	if err != nil {
+		return nil, err
+	}
+	st.InstanceSummary = sum
+	if len(sites) > 0 {
+		st.Sites = siteStatuses(ctx, js, sites, o, now)
+	}
+	return st, nil
+}
 
+// summarize classifies the instances of one domain (js, its STEWARD_EVENTS
+// evStream when it has one), counts them by state, and keeps the worst up
+// to o's limit; only those cost a request each, for the stored time of
+// their oldest unsettled event and their newest dead letter, checked with
+// proofs.
+func summarize(ctx context.Context, js jetstream.JetStream, evStream jetstream.Stream, byName map[string]*Instance, o StatusOptions, now time.Time, proofs Proofs) (InstanceSummary, error) {
+	sum := emptySummary()
 	list := make([]Instance, 0, len(byName))
 	for _, in := range byName {
 		if !o.matches(*in) {
@@ -249,30 +287,28 @@ func GetStatus(ctx context.Context, js jetstream.JetStream, o StatusOptions) (*S
 			cmp.Compare(b.Unsettled(), a.Unsettled()), cmp.Compare(b.DeadLetters, a.DeadLetters),
 			strings.Compare(a.Name, b.Name))
 	})
-	st.Total = len(list)
-	for _, s := range States {
-		st.Counts[s] = 0
-	}
+	sum.Total = len(list)
 	for _, in := range list {
-		st.Counts[in.State]++
-		st.DeadLetters += in.DeadLetters
-		st.Backlog += in.Unsettled()
+		sum.Counts[in.State]++
+		sum.DeadLetters += in.DeadLetters
+		sum.Backlog += in.Unsettled()
 	}
 	limit := o.Limit
 	if limit == 0 {
 		limit = DefaultLimit
 	}
 	if limit > 0 && len(list) > limit {
-		st.More = len(list) - limit
+		sum.More = len(list) - limit
 		list = list[:limit]
 	}
-	// Only the instances shown cost a request each: the stored time of
-	// their oldest unsettled event, and their newest dead letter.
 	var dlq jetstream.Stream
 	if slices.ContainsFunc(list, func(in Instance) bool { return in.DeadLetters > 0 }) {
 		var err error
 		if dlq, err = streamOrNone(ctx, js, events.StreamDLQ); err != nil {
-			return nil, err
+			return sum, err
+		}
+		if dlq != nil {
+			proofs = proofs.sourcedBy(dlq.CachedInfo())
 		}
 	}
 	for i := range list {
@@ -283,11 +319,11 @@ func GetStatus(ctx context.Context, js jetstream.JetStream, o StatusOptions) (*S
 			}
 		}
 		if dlq != nil && list[i].DeadLetters > 0 {
-			list[i].LastDeadLetter = lastLetter(ctx, dlq, list[i], ProofsOf(o.Docs))
+			list[i].LastDeadLetter = lastLetter(ctx, dlq, list[i], proofs)
 		}
 	}
-	st.Instances = list
-	return st, nil
+	sum.Instances = list
+	return sum, nil
 }
 
 func (o StatusOptions) matches(in Instance) bool {
@@ -330,10 +366,16 @@ func classify(in Instance) State {
 }
 
 // listInstances reads every consumer the runtime created on STEWARD_EVENTS
-// with one paged listing: never a consumer info per instance.
-func listInstances(ctx context.Context, s jetstream.Stream, byName map[string]*Instance) error {
+// with one paged listing: never a consumer info per instance. The hub's
+// consumers for its sites are in the same listing, and returned.
+func listInstances(ctx context.Context, s jetstream.Stream, byName map[string]*Instance) ([]Site, error) {
+	var sites []Site
 	lister := s.ListConsumers(ctx)
 	for info := range lister.Info() {
+		if site, ok := siteOf(info); ok {
+			sites = append(sites, site)
+			continue
+		}
 		worker, instance, ok := SplitConsumer(info.Name, info.Config.Description)
 		if !ok {
 			continue
@@ -356,9 +398,9 @@ func listInstances(ctx context.Context, s jetstream.Stream, byName map[string]*I
 		byName[in.Name] = in
 	}
 	if err := lister.Err(); err != nil {
-		return fmt.Errorf("list the consumers of %s: %w", events.StreamEvents, err)
+		return nil, fmt.Errorf("list the consumers of %s: %w", events.StreamEvents, err)
 	}
-	return nil
+	return sites, nil
 }
 
 func latest(ts ...*time.Time) *time.Time {

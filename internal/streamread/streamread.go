@@ -72,7 +72,13 @@ func Each(ctx context.Context, js jetstream.JetStream, r Range, fn func(jetstrea
 		if r.Limit > 0 && seen >= r.Limit {
 			return nil
 		}
-		msgs, err := cons.Fetch(int(min(remaining, 256)), jetstream.FetchMaxWait(5*time.Second))
+		batch := min(remaining, 256)
+		if r.Limit > 0 {
+			// A reader that wants a few (the first pending event of a
+			// site) is sent no more than it keeps.
+			batch = min(batch, uint64(r.Limit-seen))
+		}
+		msgs, err := cons.Fetch(int(batch), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
 			return fmt.Errorf("read %s: %w", r.Stream, err)
 		}

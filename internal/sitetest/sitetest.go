@@ -1,0 +1,100 @@
+// Package sitetest starts a hub and a site's leaf node as embedded
+// nats-servers, each running JetStream in a domain of its own and linked as
+// `steward site config` links them (docs/design.md §9), for the tests of
+// sites in events, internal/ops and the commands.
+package sitetest
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/workers/workertest"
+)
+
+// HubDomain is the hub's JetStream domain in these tests.
+const HubDomain = events.DefaultHubDomain
+
+// Pair is a hub and one site's leaf node.
+type Pair struct {
+	// Site is the leaf node's name and JetStream domain.
+	Site      string
+	Hub, Leaf *server.Server
+
+	t        testing.TB
+	leafOpts server.Options
+}
+
+// Start starts a hub (domain hub, a leaf node port) and site's leaf node
+// linked to it, the link denying Steward's subjects both ways, and waits
+// until they are linked. Both are shut down when the test ends.
+func Start(t testing.TB, site string) *Pair {
+	t.Helper()
+	leafPort := freePort(t)
+	p := &Pair{Site: site, t: t}
+	p.Hub = start(t, &server.Options{ServerName: "hub", JetStreamDomain: HubDomain, Port: server.RANDOM_PORT, StoreDir: t.TempDir(),
+		LeafNode: server.LeafNodeOpts{Host: "127.0.0.1", Port: leafPort}})
+	u, err := url.Parse(fmt.Sprintf("nats-leaf://127.0.0.1:%d", leafPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deny := events.SiteLinkDenied()
+	// The leaf keeps its client port and store across a Restart, as a
+	// site's leaf node does across a reboot.
+	p.leafOpts = server.Options{ServerName: "steward-site-" + site, JetStreamDomain: site, Port: freePort(t), StoreDir: t.TempDir(),
+		LeafNode: server.LeafNodeOpts{
+			ReconnectInterval: 100 * time.Millisecond,
+			Remotes:           []*server.RemoteLeafOpts{{URLs: []*url.URL{u}, DenyImports: deny, DenyExports: deny}},
+		}}
+	p.Restart()
+	return p
+}
+
+// Cut shuts the site's leaf node down: from the hub the link is down and
+// the site's JetStream answers nothing, as through a cut of the WAN.
+func (p *Pair) Cut() {
+	p.Leaf.Shutdown()
+	p.Leaf.WaitForShutdown()
+	workertest.WaitUntil(p.t, "the hub sees the link of "+p.Site+" down", func() bool { return p.Hub.NumLeafNodes() == 0 })
+}
+
+// Restart starts the site's leaf node (again, on its port and store) and
+// waits until it is linked to the hub.
+func (p *Pair) Restart() {
+	p.t.Helper()
+	o := p.leafOpts
+	p.Leaf = start(p.t, &o)
+	workertest.WaitUntil(p.t, "the leaf node of "+p.Site+" is linked", func() bool {
+		return p.Leaf.NumLeafNodes() == 1 && p.Hub.NumLeafNodes() == 1
+	})
+}
+
+func start(t testing.TB, o *server.Options) *server.Server {
+	t.Helper()
+	o.Host, o.JetStream, o.NoLog, o.NoSigs = "127.0.0.1", true, true, true
+	s, err := server.NewServer(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatalf("nats server %s not ready in 10s", o.ServerName)
+	}
+	t.Cleanup(s.Shutdown)
+	return s
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
