@@ -211,8 +211,11 @@ func (n *Node) RSS() (int64, error) {
 
 // CPU is the CPU time (user and system) the node's process has used, from
 // /proc, in clock ticks of 1/100 s (Linux's USER_HZ).
-func (n *Node) CPU() (time.Duration, error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", n.cmd.Process.Pid))
+func (n *Node) CPU() (time.Duration, error) { return processCPU(n.cmd.Process.Pid) }
+
+// processCPU is the CPU time process pid has used, as Node.CPU says.
+func processCPU(pid int) (time.Duration, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err
 	}

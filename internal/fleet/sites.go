@@ -60,6 +60,10 @@ type SitesResult struct {
 	// those never settled.
 	Results map[string]int
 	Lost    int
+	// HubCPU, SiteCPU and BenchCPU are the CPU, in cores, the hub's
+	// process, the cut site's leaf node and this process (every instance
+	// and the bench) used from the heal until the site caught up.
+	HubCPU, SiteCPU, BenchCPU float64
 	// Samples is the catch-up as it went: the hub's consumer, the site's
 	// stream and the instances, every sampleEvery from the heal.
 	Samples []CatchUpSample
@@ -110,6 +114,7 @@ func (r SitesResult) String() string {
 	fmt.Fprintf(&b, "cut of %-20s%d events published at the hub during the cut; the hub held %d pending for the site\n", r.CutSite, r.Queued, r.PendingInCut)
 	fmt.Fprintf(&b, "after the heal             relinked %v, all stored at the site %v, all settled %v (%.0f events/s)\n",
 		r.Relinked.Round(time.Millisecond), r.Stored.Round(time.Millisecond), r.CaughtUp.Round(time.Millisecond), r.Rate())
+	fmt.Fprintf(&b, "CPU during the catch-up    hub %.2f cores, %s's leaf node %.2f, the instances' process %.2f\n", r.HubCPU, r.CutSite, r.SiteCPU, r.BenchCPU)
 	var results []string
 	for k, n := range r.Results {
 		results = append(results, fmt.Sprintf("%s %d", k, n))
@@ -117,7 +122,12 @@ func (r SitesResult) String() string {
 	slices.Sort(results)
 	fmt.Fprintf(&b, "queued events settled      %s; lost %d\n", strings.Join(results, ", "), r.Lost)
 	fmt.Fprintf(&b, "catch-up (from the heal)   %8s %6s %8s %11s %7s %8s\n", "at", "linked", "pending", "unconfirmed", "stored", "settled")
-	for _, s := range r.Samples {
+	// At most maxSampleRows rows, the last always among them.
+	step := (len(r.Samples) + maxSampleRows - 1) / maxSampleRows
+	for i, s := range r.Samples {
+		if i%step != 0 && i != len(r.Samples)-1 {
+			continue
+		}
 		fmt.Fprintf(&b, "                           %8v %6v %8d %11d %7d %8d\n", s.At.Round(100*time.Millisecond), s.Linked, s.Pending, s.Unconfirmed, s.Stored, s.Settled)
 	}
 	return b.String()
@@ -129,8 +139,12 @@ func siteName(i int) string { return "site-" + strconv.Itoa(i+1) }
 // siteHive is the j-th hive of site (from 0).
 func siteHive(site string, j int) string { return site + "-hive-" + strconv.Itoa(j+1) }
 
-// sampleEvery is how often the catch-up is looked at.
-const sampleEvery = 250 * time.Millisecond
+// sampleEvery is how often the catch-up is looked at; maxSampleRows is how
+// many of the looks String prints.
+const (
+	sampleEvery   = 250 * time.Millisecond
+	maxSampleRows = 40
+)
 
 // settlements are the settled events of a run, by event id.
 type settlements struct {
@@ -214,7 +228,10 @@ func RunSites(ctx context.Context, o Options) (SitesResult, error) {
 	if err != nil {
 		return res, err
 	}
-	hubConf := fmt.Sprintf("server_name: hub\nlisten: 127.0.0.1:%d\njetstream {\n  domain: %s\n  store_dir: %q\n}\nleafnodes {\n  listen: \"127.0.0.1:%d\"\n}\n",
+	// sync_interval: always as deploy/nats.conf runs a hub, and as the leaf
+	// configuration writes it: the two sides write alike, so the burst
+	// compares the leaf's hop, not two disks' settings.
+	hubConf := fmt.Sprintf("server_name: hub\nlisten: 127.0.0.1:%d\njetstream {\n  domain: %s\n  store_dir: %q\n  sync_interval: always\n}\nleafnodes {\n  listen: \"127.0.0.1:%d\"\n}\n",
 		hubPort, events.DefaultHubDomain, filepath.Join(dir, "hub"), leafPort)
 	hub, err := startNode(command, dir, "hub", hubPort, []byte(hubConf))
 	if err != nil {
@@ -362,7 +379,8 @@ func RunSites(ctx context.Context, o Options) (SitesResult, error) {
 	if err := sitesBurst(ctx, o, hubJSs, priv, hives, book, &res); err != nil {
 		return res, err
 	}
-	return res, catchUp(ctx, o, hubJSs, siteJSs[0][0], proxies[0], priv, hives[0], book, &res)
+	cpu := []func() (time.Duration, error){hub.CPU, leaves[0].CPU, func() (time.Duration, error) { return processCPU(os.Getpid()) }}
+	return res, catchUp(ctx, o, hubJSs, siteJSs[0][0], proxies[0], cpu, priv, hives[0], book, &res)
 }
 
 // sitesBurst publishes version 1 of every hive, at the hub and at the
@@ -439,8 +457,9 @@ func latencyOf(lat []time.Duration, last time.Duration) Latency {
 
 // catchUp cuts site's link (proxy), publishes o.Queued rotations for its
 // hives at the hub (versions 2 on, round-robin over the hives), heals the
-// link and follows the site until each is settled.
-func catchUp(ctx context.Context, o Options, hubJSs []jetstream.JetStream, siteJS jetstream.JetStream, proxy *LinkProxy, key ed25519.PrivateKey, hives []string, book *settlements, res *SitesResult) error {
+// link and follows the site until each is settled, reading the CPU of the
+// hub, the site and this process (cpu, in that order) over it.
+func catchUp(ctx context.Context, o Options, hubJSs []jetstream.JetStream, siteJS jetstream.JetStream, proxy *LinkProxy, cpu []func() (time.Duration, error), key ed25519.PrivateKey, hives []string, book *settlements, res *SitesResult) error {
 	site := siteName(0)
 	res.CutSite = site
 	hubJS := hubJSs[0]
@@ -516,6 +535,12 @@ func catchUp(ctx context.Context, o Options, hubJSs []jetstream.JetStream, siteJ
 	if err := proxy.Heal(); err != nil {
 		return err
 	}
+	cpuAtHeal := make([]time.Duration, len(cpu))
+	for i, c := range cpu {
+		if cpuAtHeal[i], err = c(); err != nil {
+			return err
+		}
+	}
 	healed := time.Now()
 	tick := time.NewTicker(sampleEvery)
 	defer tick.Stop()
@@ -544,6 +569,15 @@ func catchUp(ctx context.Context, o Options, hubJSs []jetstream.JetStream, siteJ
 		case <-tick.C:
 		}
 	}
+	cores := make([]float64, len(cpu))
+	for i, c := range cpu {
+		now, err := c()
+		if err != nil {
+			return err
+		}
+		cores[i] = (now - cpuAtHeal[i]).Seconds() / time.Since(healed).Seconds()
+	}
+	res.HubCPU, res.SiteCPU, res.BenchCPU = cores[0], cores[1], cores[2]
 	// The last settlement's own time, not the sample's.
 	var last int64
 	for _, id := range ids {
