@@ -64,6 +64,9 @@ type SitesResult struct {
 	// process, the cut site's leaf node and this process (every instance
 	// and the bench) used from the heal until the site caught up.
 	HubCPU, SiteCPU, BenchCPU float64
+	// SiteWrites are the cut site's writes from the heal until it caught
+	// up.
+	SiteWrites SiteWrites
 	// Samples is the catch-up as it went: the hub's consumer, the site's
 	// stream and the instances, every sampleEvery from the heal.
 	Samples []CatchUpSample
@@ -75,6 +78,17 @@ type Latency struct {
 	P50, P99 time.Duration
 	// Last is from the first publish until the group's last event settled.
 	Last time.Duration
+}
+
+// SiteWrites count what a site wrote to its store: events sourced into
+// STEWARD_EVENTS, outcomes into STEWARD_OUTCOMES, and every write to its
+// checkpoint bucket (checkpoints, cursors, statuses). With sync_interval:
+// always each is one fsync.
+type SiteWrites struct{ Events, Outcomes, Bucket uint64 }
+
+// PerEvent is the writes per event stored.
+func (w SiteWrites) PerEvent() float64 {
+	return float64(w.Events+w.Outcomes+w.Bucket) / float64(max(w.Events, 1))
 }
 
 // CatchUpSample is one look at a cut site catching up.
@@ -115,6 +129,8 @@ func (r SitesResult) String() string {
 	fmt.Fprintf(&b, "after the heal             relinked %v, all stored at the site %v, all settled %v (%.0f events/s)\n",
 		r.Relinked.Round(time.Millisecond), r.Stored.Round(time.Millisecond), r.CaughtUp.Round(time.Millisecond), r.Rate())
 	fmt.Fprintf(&b, "CPU during the catch-up    hub %.2f cores, %s's leaf node %.2f, the instances' process %.2f\n", r.HubCPU, r.CutSite, r.SiteCPU, r.BenchCPU)
+	fmt.Fprintf(&b, "%s's writes            %d events stored, %d outcomes, %d bucket writes: %.1f writes an event\n",
+		r.CutSite, r.SiteWrites.Events, r.SiteWrites.Outcomes, r.SiteWrites.Bucket, r.SiteWrites.PerEvent())
 	var results []string
 	for k, n := range r.Results {
 		results = append(results, fmt.Sprintf("%s %d", k, n))
@@ -472,22 +488,26 @@ func catchUp(ctx context.Context, o Options, hubJSs []jetstream.JetStream, siteJ
 		defer cancel()
 		return consumer.Info(lctx)
 	}
-	siteStream, err := siteJS.Stream(ctx, events.StreamEvents)
-	if err != nil {
-		return fmt.Errorf("%s's %s: %w", site, events.StreamEvents, err)
-	}
-	stored := func() (uint64, error) {
-		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		info, err := siteStream.Info(lctx)
-		if err != nil {
-			return 0, err
+	// The site's writes: events stored, outcomes written, and every write
+	// to its bucket (checkpoints, cursors, statuses), each a stream's last
+	// sequence.
+	written := func(stream string) func() (uint64, error) {
+		return func() (uint64, error) {
+			lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			st, err := siteJS.Stream(lctx, stream)
+			if err != nil {
+				return 0, fmt.Errorf("%s's %s: %w", site, stream, err)
+			}
+			return st.CachedInfo().State.LastSeq, nil
 		}
-		return info.State.Msgs, nil
 	}
-	before, err := stored()
-	if err != nil {
-		return fmt.Errorf("%s's %s: %w", site, events.StreamEvents, err)
+	stored, outcomes, bucket := written(events.StreamEvents), written(events.StreamOutcomes), written("KV_"+events.CheckpointBucket)
+	var before [3]uint64
+	for i, count := range []func() (uint64, error){stored, outcomes, bucket} {
+		if before[i], err = count(); err != nil {
+			return err
+		}
 	}
 
 	wctx, cancel := context.WithTimeout(ctx, o.Timeout)
@@ -550,7 +570,7 @@ func catchUp(ctx context.Context, o Options, hubJSs []jetstream.JetStream, siteJ
 			s.Linked, s.Pending, s.Unconfirmed = info.PushBound, info.NumPending, uint64(info.NumAckPending)
 		}
 		if n, err := stored(); err == nil {
-			s.Stored = int(n - before)
+			s.Stored = int(n - before[0])
 		}
 		res.Samples = append(res.Samples, s)
 		if s.Linked && res.Relinked == 0 {
@@ -578,6 +598,13 @@ func catchUp(ctx context.Context, o Options, hubJSs []jetstream.JetStream, siteJ
 		cores[i] = (now - cpuAtHeal[i]).Seconds() / time.Since(healed).Seconds()
 	}
 	res.HubCPU, res.SiteCPU, res.BenchCPU = cores[0], cores[1], cores[2]
+	var after [3]uint64
+	for i, count := range []func() (uint64, error){stored, outcomes, bucket} {
+		if after[i], err = count(); err != nil {
+			return err
+		}
+	}
+	res.SiteWrites = SiteWrites{Events: after[0] - before[0], Outcomes: after[1] - before[1], Bucket: after[2] - before[2]}
 	// The last settlement's own time, not the sample's.
 	var last int64
 	for _, id := range ids {

@@ -36,6 +36,9 @@ func TestSitesBenchSettlesEveryEventThroughACut(t *testing.T) {
 	if settled := res.Results["applied"] + res.Results["superseded"]; settled != queued || res.Lost != 0 {
 		t.Errorf("queued events settled %v, lost %d: want applied + superseded = %d, none lost", res.Results, res.Lost, queued)
 	}
+	if w := res.SiteWrites; w.Events != queued || w.Outcomes < queued || w.Bucket == 0 {
+		t.Errorf("the site's writes during the catch-up %+v: want the %d events stored, an outcome each at least, and checkpoints", w, queued)
+	}
 	if res.Relinked <= 0 || res.Stored < res.Relinked || res.CaughtUp < res.Stored || res.Rate() <= 0 || len(res.Samples) == 0 {
 		t.Errorf("catch-up: relinked %v, stored %v, caught up %v, %.0f events/s, %d samples: want each after the one before",
 			res.Relinked, res.Stored, res.CaughtUp, res.Rate(), len(res.Samples))
