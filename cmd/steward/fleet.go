@@ -51,7 +51,7 @@ the site, with how the hub's consumer for the site drained. The bus is open.`,
 			o.Progress = func(format string, args ...any) {
 				fmt.Fprintf(cmd.ErrOrStderr(), "  "+format+"\n", args...)
 			}
-			if o.Sites > 0 {
+			if cmd.Flags().Changed("sites") {
 				res, err := fleet.RunSites(cmd.Context(), o)
 				if err != nil {
 					return fmt.Errorf("bench fleet --sites: %w", err)
@@ -75,7 +75,7 @@ the site, with how the hub's consumer for the site drained. The bus is open.`,
 	fs.DurationVar(&o.Idle, "idle", 10*time.Second, "how long the idle servers' CPU is measured")
 	fs.DurationVar(&o.Timeout, "timeout", 5*time.Minute, "give up on a phase after this long")
 	fs.StringVar(&o.ServerBin, "nats-server", "", "a nats-server binary to run (empty: this binary's embedded nats-server)")
-	fs.IntVar(&o.Sites, "sites", 0, "run the instances split over this many sites behind leaf nodes, and as many at the hub (0: no sites)")
+	fs.IntVar(&o.Sites, "sites", 0, "run the instances split over this many sites behind leaf nodes, and as many at the hub (at least 1)")
 	fs.IntVar(&o.Queued, "queued", 10_000, "with --sites: events published for site-1 while its link is cut")
 	fs.Var(readModeFlag{&o.ReadMode}, "read-mode", "how the instances read their events: consumer (a durable consumer each) or stream (from the stream, no consumer); with --sites, always stream")
 	return cmd

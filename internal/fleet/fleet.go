@@ -53,11 +53,11 @@ type Options struct {
 	// ReadMode is how the instances read their events (the runtime's
 	// WithReadMode): through a consumer each, or from the stream.
 	ReadMode workers.ReadMode
-	// Sites, when above zero, runs RunSites: the instances split over that
-	// many sites behind leaf nodes, and as many again at the hub.
+	// Sites is how many sites RunSites splits the instances over, each
+	// behind a leaf node of its own (at least one); Run ignores it.
 	Sites int
-	// Queued is how many events RunSites publishes for a cut site. Zero:
-	// 10,000.
+	// Queued is how many events RunSites publishes for the site it cuts.
+	// Zero: 10,000.
 	Queued int
 	// Progress, when set, is told what the bench is doing.
 	Progress func(format string, args ...any)

@@ -220,6 +220,9 @@ func RunSites(ctx context.Context, o Options) (SitesResult, error) {
 	if o.Sites < 1 {
 		return res, errors.New("--sites: want at least 1")
 	}
+	if o.Cluster {
+		return res, errors.New("--cluster with --sites: the sites' hub is one server; run the cluster without --sites")
+	}
 	if o.Instances < o.Sites {
 		return res, fmt.Errorf("--instances %d: want at least one a site (--sites %d)", o.Instances, o.Sites)
 	}
