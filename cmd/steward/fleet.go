@@ -28,7 +28,19 @@ instance the time until all are settled with the p50 and p99 of publish to
 settled. Each nats-server is this binary's own embedded server (the version
 Steward's module requires), run in a process of its own, unless --nats-server
 names a binary. Compare figures within one machine: a shared machine's
-figures drift.`,
+figures drift.
+
+With --sites N it measures a fleet across sites (docs/design.md §9): a hub
+(JetStream domain hub) and N leaf nodes, each a site in a domain of its own
+configured as ` + "`steward site config`" + ` writes it and set up as ` + "`steward site setup`" + `
+does, linked to the hub through a proxy the bench controls. --instances
+credential instances are split over the sites, each on its site's leaf node in
+the site's domain, and as many again run straight at the hub; all read the
+stream, and each verifies the signed rotations it ranks and applies. It prints
+publish-to-settled p50 and p99 of one burst through a leaf node against straight
+at the hub, then cuts site-1's link, publishes --queued rotations for its hives
+at the hub, heals the link, and prints the time until every one is settled at
+the site, with how the hub's consumer for the site drained. The bus is open.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			exe, err := os.Executable()
@@ -38,6 +50,14 @@ figures drift.`,
 			o.ServerCommand = []string{exe, "bench", fleetServerCmd}
 			o.Progress = func(format string, args ...any) {
 				fmt.Fprintf(cmd.ErrOrStderr(), "  "+format+"\n", args...)
+			}
+			if cmd.Flags().Changed("sites") {
+				res, err := fleet.RunSites(cmd.Context(), o)
+				if err != nil {
+					return fmt.Errorf("bench fleet --sites: %w", err)
+				}
+				fmt.Fprint(cmd.OutOrStdout(), res.String())
+				return nil
 			}
 			res, err := fleet.Run(cmd.Context(), o)
 			if err != nil {
@@ -55,7 +75,9 @@ figures drift.`,
 	fs.DurationVar(&o.Idle, "idle", 10*time.Second, "how long the idle servers' CPU is measured")
 	fs.DurationVar(&o.Timeout, "timeout", 5*time.Minute, "give up on a phase after this long")
 	fs.StringVar(&o.ServerBin, "nats-server", "", "a nats-server binary to run (empty: this binary's embedded nats-server)")
-	fs.Var(readModeFlag{&o.ReadMode}, "read-mode", "how the instances read their events: consumer (a durable consumer each) or stream (from the stream, no consumer)")
+	fs.IntVar(&o.Sites, "sites", 0, "run the instances split over this many sites behind leaf nodes, and as many at the hub (at least 1)")
+	fs.IntVar(&o.Queued, "queued", 10_000, "with --sites: events published for site-1 while its link is cut")
+	fs.Var(readModeFlag{&o.ReadMode}, "read-mode", "how the instances read their events: consumer (a durable consumer each) or stream (from the stream, no consumer); with --sites, always stream")
 	return cmd
 }
 

@@ -2,12 +2,10 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -17,6 +15,7 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/atomicfile"
+	"github.com/steward-dev/steward/internal/leafnode"
 	"github.com/steward-dev/steward/internal/ops"
 )
 
@@ -48,91 +47,9 @@ Workers at a site run unchanged, pointed at the leaf node with --js-domain NAME.
 	return cmd
 }
 
-// replyV2Flag is nats-server's feature flag scoping the reply subjects of
-// the server's own JetStream requests, which the leaf identity's
-// permissions rely on (internal/natsauth).
-const replyV2Flag = "js_api_reply_v2"
-
-// leafConfig is what `steward site config` writes a leaf node's
-// configuration from.
-type leafConfig struct {
-	site, hubURL, leafCreds   string
-	listen, httpListen, store string
-	// serverDir and account put the leaf in JWT mode: the operator and
-	// account JWTs `steward creds init --server-dir` writes, and the
-	// account the link binds locally.
-	serverDir, account string
-	maxFileStore       string
-}
-
-func (c leafConfig) check() error {
-	if err := events.CheckDomain(c.site); err != nil {
-		return fmt.Errorf("site name: %w", err)
-	}
-	if !strings.HasPrefix(c.hubURL, "nats-leaf://") && !strings.HasPrefix(c.hubURL, "tls://") && !strings.HasPrefix(c.hubURL, "nats://") {
-		return fmt.Errorf("--hub-url %q: want the hub's leaf node port, nats-leaf://HOST:7422 (or tls://)", c.hubURL)
-	}
-	if c.store == "" {
-		return fmt.Errorf("--store-dir is empty: each leaf node needs a store of its own")
-	}
-	if (c.serverDir == "") != (c.account == "") {
-		return fmt.Errorf("--server-dir and --account go together: the leaf trusts the operator in --server-dir and binds the link to --account (account.pub)")
-	}
-	if c.serverDir != "" && c.leafCreds == "" {
-		return fmt.Errorf("--leaf-creds is empty: on the closed bus the hub accepts the link only with the site's leaf identity (steward creds issue leaf %s)", c.site)
-	}
-	return nil
-}
-
-// render is the configuration file. Strings are quoted with strconv.Quote,
-// which nats-server's parser reads as JSON strings.
-func (c leafConfig) render() []byte {
-	var b bytes.Buffer
-	q := strconv.Quote
-	fmt.Fprintf(&b, "# NATS leaf node of Steward site %s (written by steward site config).\n", c.site)
-	fmt.Fprintf(&b, "# A persistent server name and a store of its own (nats-server issue 3024).\n")
-	fmt.Fprintf(&b, "server_name: %s\n", q("steward-site-"+c.site))
-	fmt.Fprintf(&b, "listen: %s\n", q(c.listen))
-	if c.httpListen != "" {
-		fmt.Fprintf(&b, "http: %s\n", q(c.httpListen))
-	}
-	fmt.Fprintf(&b, "max_payload: 1MB\n")
-	fmt.Fprintf(&b, "\n# The replies of the server's own JetStream requests name their target's\n# domain, stream and consumer (nats-server 2.15), so the leaf identity's\n# permissions (steward creds issue leaf %s) carry this site's alone. The hub\n# runs with it too.\n", c.site)
-	fmt.Fprintf(&b, "feature_flags: {\n  %s: true\n}\n", replyV2Flag)
-	if c.serverDir != "" {
-		fmt.Fprintf(&b, "\n# The bus is closed at the site too: the hub's operator, its accounts'\n# JWTs from steward creds init --server-dir, so every identity's credentials\n# work here unchanged.\n")
-		fmt.Fprintf(&b, "operator: %s\n", q(c.serverDir+"/operator.jwt"))
-		fmt.Fprintf(&b, "resolver: {\n  type: full\n  dir: %s\n  allow_delete: false\n}\n", q(c.serverDir+"/accounts"))
-	}
-	fmt.Fprintf(&b, "\n# The site's own JetStream: its domain is the site's name, so workers here\n# use it (--js-domain %s) and the hub reaches it as $JS.%s.API.\n", c.site, c.site)
-	fmt.Fprintf(&b, "jetstream {\n  domain: %s\n  store_dir: %s\n  sync_interval: always\n", q(c.site), q(c.store))
-	if c.maxFileStore != "" {
-		fmt.Fprintf(&b, "  max_file_store: %s\n", c.maxFileStore)
-	}
-	fmt.Fprintf(&b, "}\n")
-	fmt.Fprintf(&b, "\n# The link to the hub carries JetStream's subjects only: events, outcomes and\n# dead letters cross as sourcing, stored and acknowledged by one stream;\n# stored notices and control messages stay on their side.\n")
-	fmt.Fprintf(&b, "leafnodes {\n  reconnect: 1s\n  remotes: [\n    {\n      urls: [%s]\n", q(c.hubURL))
-	// The hub advertises its servers' own leaf addresses; a site that
-	// reaches it through a proxy, a NAT or a tunnel would reconnect around
-	// it. Only the addresses the operator gave are used.
-	fmt.Fprintf(&b, "      ignore_discovered_servers: true\n")
-	if c.leafCreds != "" {
-		fmt.Fprintf(&b, "      credentials: %s\n", q(c.leafCreds))
-	}
-	if c.account != "" {
-		fmt.Fprintf(&b, "      account: %s\n", q(c.account))
-	}
-	var deny []string
-	for _, s := range events.SiteLinkDenied() {
-		deny = append(deny, q(s))
-	}
-	fmt.Fprintf(&b, "      deny_imports: [%s]\n      deny_exports: [%s]\n    }\n  ]\n}\n", strings.Join(deny, ", "), strings.Join(deny, ", "))
-	return b.Bytes()
-}
-
 func newSiteConfigCmd() *cobra.Command {
 	var (
-		c   leafConfig
+		c   leafnode.Config
 		out string
 	)
 	cmd := &cobra.Command{
@@ -150,11 +67,11 @@ own domain (jetstream { domain: hub }), listens for leaf nodes
 (nats-server 2.15), as the leaf does.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c.site = args[0]
-			if err := c.check(); err != nil {
+			c.Site = args[0]
+			if err := c.Check(); err != nil {
 				return fmt.Errorf("steward site config: %w", err)
 			}
-			body := c.render()
+			body := c.Render()
 			if out == "" || out == "-" {
 				_, err := cmd.OutOrStdout().Write(body)
 				return err
@@ -162,19 +79,19 @@ own domain (jetstream { domain: hub }), listens for leaf nodes
 			if err := atomicfile.Write(out, body, 0o644); err != nil {
 				return fmt.Errorf("steward site config: %w", err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: leaf node of site %s, JetStream domain %s, linked to %s\n", out, c.site, c.site, redactURL(c.hubURL))
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: leaf node of site %s, JetStream domain %s, linked to %s\n", out, c.Site, c.Site, redactURL(c.HubURL))
 			return nil
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&c.hubURL, "hub-url", "", "the hub's leaf node URL, nats-leaf://HOST:7422 (or tls://HOST:7422)")
-	fs.StringVar(&c.leafCreds, "leaf-creds", "", "credentials file the leaf connects to the hub with")
-	fs.StringVar(&c.listen, "listen", "127.0.0.1:4222", "where the site's workers connect")
-	fs.StringVar(&c.httpListen, "http-listen", "", "the leaf node's monitoring address (/healthz, /leafz); empty: none")
-	fs.StringVar(&c.store, "store-dir", "", "the leaf node's JetStream store, its own")
-	fs.StringVar(&c.maxFileStore, "max-file-store", "32GB", "the store's size: the site's streams and bucket reserve their max bytes")
-	fs.StringVar(&c.serverDir, "server-dir", "", "the operator and account JWTs (steward creds init --server-dir): the leaf runs the closed bus")
-	fs.StringVar(&c.account, "account", "", "with --server-dir: the STEWARD account's public key (account.pub), the link's local account")
+	fs.StringVar(&c.HubURL, "hub-url", "", "the hub's leaf node URL, nats-leaf://HOST:7422 (or tls://HOST:7422)")
+	fs.StringVar(&c.LeafCreds, "leaf-creds", "", "credentials file the leaf connects to the hub with")
+	fs.StringVar(&c.Listen, "listen", "127.0.0.1:4222", "where the site's workers connect")
+	fs.StringVar(&c.HTTPListen, "http-listen", "", "the leaf node's monitoring address (/healthz, /leafz); empty: none")
+	fs.StringVar(&c.Store, "store-dir", "", "the leaf node's JetStream store, its own")
+	fs.StringVar(&c.MaxFileStore, "max-file-store", "32GB", "the store's size: the site's streams and bucket reserve their max bytes")
+	fs.StringVar(&c.ServerDir, "server-dir", "", "the operator and account JWTs (steward creds init --server-dir): the leaf runs the closed bus")
+	fs.StringVar(&c.Account, "account", "", "with --server-dir: the STEWARD account's public key (account.pub), the link's local account")
 	fs.StringVarP(&out, "out", "o", "", "file to write (empty or -: standard output)")
 	return cmd
 }

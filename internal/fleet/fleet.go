@@ -9,6 +9,7 @@ package fleet
 
 import (
 	"context"
+	"crypto"
 	"errors"
 	"fmt"
 	"os"
@@ -24,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/signing"
 	"github.com/steward-dev/steward/workers"
 )
 
@@ -51,6 +53,12 @@ type Options struct {
 	// ReadMode is how the instances read their events (the runtime's
 	// WithReadMode): through a consumer each, or from the stream.
 	ReadMode workers.ReadMode
+	// Sites is how many sites RunSites splits the instances over, each
+	// behind a leaf node of its own (at least one); Run ignores it.
+	Sites int
+	// Queued is how many events RunSites publishes for the site it cuts.
+	// Zero: 10,000.
+	Queued int
 	// Progress, when set, is told what the bench is doing.
 	Progress func(format string, args ...any)
 }
@@ -125,6 +133,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = 5 * time.Minute
+	}
+	if o.Queued <= 0 {
+		o.Queued = 10_000
 	}
 	if o.Progress == nil {
 		o.Progress = func(string, ...any) {}
@@ -204,71 +215,19 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		res.BaseRSS = append(res.BaseRSS, rss)
 	}
 
-	// Start the instances, o.Parallel at a time, as that many hosts
-	// starting at once would.
 	o.Progress("starting %d instances", o.Instances)
 	settledAt := make([]atomic.Int64, o.Instances)
 	reg := prometheus.NewRegistry()
-	runCtx, stopAll := context.WithCancel(context.Background())
-	var running sync.WaitGroup
-	defer func() { stopAll(); running.Wait() }()
-	ws := make([]*workers.Runtime, o.Instances)
 	startAt := time.Now()
-	sctx, cancel := context.WithTimeout(ctx, o.Timeout)
-	defer cancel()
-	sem := make(chan struct{}, o.Parallel)
-	var startErr atomic.Value
-	var started sync.WaitGroup
-	for i := range o.Instances {
-		sem <- struct{}{}
-		started.Add(1)
-		go func() {
-			defer func() { <-sem; started.Done() }()
-			js := jss[i%len(jss)]
-			err := retry(sctx, o.Timeout, func() error {
-				w, err := workers.New(js, Spec(i), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
-					return d.Emit(ctx, "applied", map[string]any{"hive": d.Key})
-				}), workers.WithRegisterer(reg), workers.WithReadMode(o.ReadMode), workers.WithSettledHook(func(s workers.Settlement) {
-					settledAt[i].CompareAndSwap(0, s.Settled.UnixNano())
-				}))
-				ws[i] = w
-				return err
-			})
-			if err != nil {
-				startErr.CompareAndSwap(nil, fmt.Errorf("instance %s: %w", Instance(i), err))
-				return
-			}
-			running.Add(1)
-			go func() {
-				defer running.Done()
-				if err := ws[i].Run(runCtx); err != nil {
-					startErr.CompareAndSwap(nil, fmt.Errorf("instance %s stopped: %w", Instance(i), err))
-				}
-			}()
-		}()
-		if startErr.Load() != nil {
-			break
-		}
-	}
-	started.Wait()
-	if err, _ := startErr.Load().(error); err != nil {
-		return res, err
-	}
-	if err := waitUntil(sctx, func() (bool, string) {
-		if err, _ := startErr.Load().(error); err != nil {
-			return true, ""
-		}
-		n := 0
-		for _, w := range ws {
-			if w.Ready() == nil {
-				n++
-			}
-		}
-		return n == len(ws), fmt.Sprintf("%d of %d consuming", n, len(ws))
-	}); err != nil {
-		return res, err
-	}
-	if err, _ := startErr.Load().(error); err != nil {
+	fl, err := startInstances(ctx, o, o.Instances, func(i int) (*workers.Runtime, error) {
+		return workers.New(jss[i%len(jss)], Spec(i), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+			return d.Emit(ctx, "applied", map[string]any{"hive": d.Key})
+		}), workers.WithRegisterer(reg), workers.WithReadMode(o.ReadMode), workers.WithSettledHook(func(s workers.Settlement) {
+			settledAt[i].CompareAndSwap(0, s.Settled.UnixNano())
+		}))
+	})
+	defer fl.stop()
+	if err != nil {
 		return res, err
 	}
 	res.Starting = time.Since(startAt)
@@ -320,56 +279,16 @@ func Run(ctx context.Context, o Options) (Result, error) {
 func burst(ctx context.Context, o Options, jss []jetstream.JetStream, settledAt []atomic.Int64, res *Result) error {
 	msgs := make([]*nats.Msg, o.Instances)
 	for i := range msgs {
-		hive := Instance(i)
-		e, err := events.New(events.TypeCredentialRotated, hive, events.CredentialRotated{
-			Hive: hive, Version: 1, ClientID: "bench",
-			Secret: "-----BEGIN AGE ENCRYPTED FILE-----\nYmVuY2g=\n-----END AGE ENCRYPTED FILE-----\n",
-		})
-		if err != nil {
-			return err
-		}
-		e.SetID("fleet-" + hive)
-		e.SetSource("/steward/bench/fleet")
-		e.SetTime(time.Now().UTC())
-		if msgs[i], err = events.Encode(events.EventsPrefix+".credential.rotated."+hive, e); err != nil {
+		var err error
+		if msgs[i], err = rotation(Instance(i), 1, nil); err != nil {
 			return err
 		}
 	}
-	publishedAt := make([]int64, o.Instances)
 	bctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	begin := time.Now()
-	var wg sync.WaitGroup
-	var pubErr atomic.Value
-	for c := range jss {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var acks []jetstream.PubAckFuture
-			for i := c; i < len(msgs); i += len(jss) {
-				publishedAt[i] = time.Now().UnixNano()
-				f, err := jss[c].PublishMsgAsync(msgs[i])
-				if err != nil {
-					pubErr.CompareAndSwap(nil, err)
-					return
-				}
-				acks = append(acks, f)
-			}
-			for _, f := range acks {
-				select {
-				case <-f.Ok():
-				case err := <-f.Err():
-					pubErr.CompareAndSwap(nil, err)
-					return
-				case <-bctx.Done():
-					pubErr.CompareAndSwap(nil, bctx.Err())
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if err, _ := pubErr.Load().(error); err != nil {
+	publishedAt, err := publish(bctx, jss, msgs)
+	if err != nil {
 		return fmt.Errorf("publish the burst: %w", err)
 	}
 	if err := waitUntil(bctx, func() (bool, string) {
@@ -393,9 +312,174 @@ func burst(ctx context.Context, o Options, jss []jetstream.JetStream, settledAt 
 	slices.Sort(lat)
 	res.Settled = len(lat)
 	res.Burst = time.Duration(last - begin.UnixNano())
-	res.P50 = lat[len(lat)/2]
-	res.P99 = lat[min(len(lat)-1, len(lat)*99/100)]
+	res.P50, res.P99 = percentile(lat, 50), percentile(lat, 99)
 	return nil
+}
+
+// percentile is the p-th percentile of sorted.
+func percentile(sorted []time.Duration, p int) time.Duration {
+	return sorted[min(len(sorted)-1, len(sorted)*p/100)]
+}
+
+// benchSecret stands for a hive's age-encrypted secret: the bench's
+// handlers open nothing, and its size is a real one's.
+const benchSecret = "-----BEGIN AGE ENCRYPTED FILE-----\nYmVuY2g=\n-----END AGE ENCRYPTED FILE-----\n"
+
+// rotation is version v of hive's credential rotation (rotationID),
+// signed by key unless key is nil (what a hive's worker verifies before it
+// applies).
+func rotation(hive string, v uint64, key crypto.Signer) (*nats.Msg, error) {
+	data := events.CredentialRotated{Hive: hive, Version: v, ClientID: "bench", Secret: benchSecret}
+	if key != nil {
+		var err error
+		if data, err = signing.SignRotation(key, data); err != nil {
+			return nil, err
+		}
+	}
+	e, err := events.New(events.TypeCredentialRotated, hive, data)
+	if err != nil {
+		return nil, err
+	}
+	e.SetID(rotationID(hive, v))
+	e.SetSource("/steward/bench/fleet")
+	e.SetTime(time.Now().UTC())
+	return events.Encode(events.EventsPrefix+".credential.rotated."+hive, e)
+}
+
+// rotationID is the id of version v of hive's rotation: fleet-<hive> for
+// version 1, fleet-<hive>-<v> after.
+func rotationID(hive string, v uint64) string {
+	if v == 1 {
+		return "fleet-" + hive
+	}
+	return "fleet-" + hive + "-" + strconv.FormatUint(v, 10)
+}
+
+// publishWindow is how many publishes a connection has in flight before it
+// waits for their acknowledgements: below the client's async limit (4,000),
+// which fails a publish past it.
+const publishWindow = 1000
+
+// publish publishes msgs at once, spread over jss, and waits until the
+// server has acknowledged each; publishedAt[i] is when msgs[i] was sent,
+// in Unix nanoseconds.
+func publish(ctx context.Context, jss []jetstream.JetStream, msgs []*nats.Msg) ([]int64, error) {
+	publishedAt := make([]int64, len(msgs))
+	var wg sync.WaitGroup
+	var pubErr atomic.Value
+	for c := range jss {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var acks []jetstream.PubAckFuture
+			wait := func() bool {
+				for _, f := range acks {
+					select {
+					case <-f.Ok():
+					case err := <-f.Err():
+						pubErr.CompareAndSwap(nil, fmt.Errorf("event %s: %w", f.Msg().Header.Get(events.MsgIDHeader), err))
+						return false
+					case <-ctx.Done():
+						pubErr.CompareAndSwap(nil, ctx.Err())
+						return false
+					}
+				}
+				acks = acks[:0]
+				return true
+			}
+			for i := c; i < len(msgs); i += len(jss) {
+				publishedAt[i] = time.Now().UnixNano()
+				f, err := jss[c].PublishMsgAsync(msgs[i])
+				if err != nil {
+					pubErr.CompareAndSwap(nil, err)
+					return
+				}
+				if acks = append(acks, f); len(acks) == publishWindow && !wait() {
+					return
+				}
+			}
+			wait()
+		}()
+	}
+	wg.Wait()
+	if err, _ := pubErr.Load().(error); err != nil {
+		return nil, err
+	}
+	return publishedAt, nil
+}
+
+// runningInstances are a fleet's runtimes, each running until stop.
+type runningInstances struct {
+	ws      []*workers.Runtime
+	cancel  context.CancelFunc
+	running sync.WaitGroup
+	// failed is the first error an instance started or stopped with.
+	failed atomic.Value
+}
+
+// startInstances builds n runtimes with build, retried as `steward worker`
+// retries a start while the streams are not ready, o.Parallel at a time as
+// that many hosts starting at once would; runs each; and waits until all
+// are consuming. Stop them with stop, also after an error.
+func startInstances(ctx context.Context, o Options, n int, build func(i int) (*workers.Runtime, error)) (*runningInstances, error) {
+	runCtx, cancel := context.WithCancel(context.Background())
+	f := &runningInstances{ws: make([]*workers.Runtime, n), cancel: cancel}
+	sctx, cancelStart := context.WithTimeout(ctx, o.Timeout)
+	defer cancelStart()
+	sem := make(chan struct{}, o.Parallel)
+	var started sync.WaitGroup
+	for i := range n {
+		sem <- struct{}{}
+		started.Add(1)
+		go func() {
+			defer func() { <-sem; started.Done() }()
+			err := retry(sctx, o.Timeout, func() error {
+				w, err := build(i)
+				f.ws[i] = w
+				return err
+			})
+			if err != nil {
+				f.failed.CompareAndSwap(nil, fmt.Errorf("instance %d: %w", i+1, err))
+				return
+			}
+			f.running.Add(1)
+			go func() {
+				defer f.running.Done()
+				if err := f.ws[i].Run(runCtx); err != nil {
+					f.failed.CompareAndSwap(nil, fmt.Errorf("instance %d stopped: %w", i+1, err))
+				}
+			}()
+		}()
+		if f.failed.Load() != nil {
+			break
+		}
+	}
+	started.Wait()
+	if err, _ := f.failed.Load().(error); err != nil {
+		return f, err
+	}
+	if err := waitUntil(sctx, func() (bool, string) {
+		if f.failed.Load() != nil {
+			return true, ""
+		}
+		c := 0
+		for _, w := range f.ws {
+			if w.Ready() == nil {
+				c++
+			}
+		}
+		return c == n, fmt.Sprintf("%d of %d consuming", c, n)
+	}); err != nil {
+		return f, err
+	}
+	err, _ := f.failed.Load().(error)
+	return f, err
+}
+
+// stop ends every instance and waits until each has stopped.
+func (f *runningInstances) stop() {
+	f.cancel()
+	f.running.Wait()
 }
 
 // retry runs fn until it succeeds or timeout passes, as `steward worker`

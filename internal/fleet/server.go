@@ -106,11 +106,7 @@ func StartServers(ctx context.Context, command []string, dir string, n int) (*Se
 		if n > 1 {
 			conf += fmt.Sprintf("cluster {\n  name: steward-fleet\n  listen: 127.0.0.1:%d\n  routes: [%s]\n}\n", node.clusterPort, strings.Join(routes, ", "))
 		}
-		node.conf = filepath.Join(dir, node.Name+".conf")
-		if err := os.WriteFile(node.conf, []byte(conf), 0o644); err != nil {
-			return nil, err
-		}
-		if err := node.Start(); err != nil {
+		if err := node.startFrom(dir, []byte(conf)); err != nil {
 			s.Close()
 			return nil, err
 		}
@@ -122,6 +118,23 @@ func StartServers(ctx context.Context, command []string, dir string, n int) (*Se
 		}
 	}
 	return s, nil
+}
+
+// startNode starts a node of command whose configuration is conf, its
+// client port port (which conf listens on), without waiting for it.
+func startNode(command []string, dir, name string, port int, conf []byte) (*Node, error) {
+	n := &Node{Name: name, Port: port, command: command}
+	return n, n.startFrom(dir, conf)
+}
+
+// startFrom writes conf as the node's configuration file under dir and
+// starts it.
+func (n *Node) startFrom(dir string, conf []byte) error {
+	n.conf = filepath.Join(dir, n.Name+".conf")
+	if err := os.WriteFile(n.conf, conf, 0o644); err != nil {
+		return err
+	}
+	return n.Start()
 }
 
 // Start starts the node's process (again, after Kill).
@@ -198,8 +211,11 @@ func (n *Node) RSS() (int64, error) {
 
 // CPU is the CPU time (user and system) the node's process has used, from
 // /proc, in clock ticks of 1/100 s (Linux's USER_HZ).
-func (n *Node) CPU() (time.Duration, error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", n.cmd.Process.Pid))
+func (n *Node) CPU() (time.Duration, error) { return processCPU(n.cmd.Process.Pid) }
+
+// processCPU is the CPU time process pid has used, as Node.CPU says.
+func processCPU(pid int) (time.Duration, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err
 	}

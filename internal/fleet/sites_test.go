@@ -1,0 +1,46 @@
+package fleet
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestSitesBenchSettlesEveryEventThroughACut runs bench fleet --sites at
+// a tiny size, so the mode cannot rot: a hub and one leaf node, each a
+// process of this binary, 20 instances at the site and 20 at the hub; the
+// burst settles at both, and every one of the events queued for the site
+// during its cut is settled there after the heal, applied or superseded,
+// none lost.
+func TestSitesBenchSettlesEveryEventThroughACut(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const instances, queued = 20, 200
+	res, err := RunSites(ctx, Options{
+		Instances: instances, Sites: 1, Queued: queued, Timeout: time.Minute,
+		ServerCommand: selfServer(), Progress: t.Logf,
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, res)
+	}
+	t.Logf("\n%s", res)
+	if res.Hub.Events != instances || res.Leaf.Events != instances || res.BurstEvents != 2*instances {
+		t.Errorf("burst: %d settled at the hub and %d at the site of %d; want %d each", res.Hub.Events, res.Leaf.Events, res.BurstEvents, instances)
+	}
+	if res.Hub.P50 <= 0 || res.Hub.P99 < res.Hub.P50 || res.Leaf.P50 <= 0 || res.Leaf.P99 < res.Leaf.P50 {
+		t.Errorf("burst latencies hub %+v, leaf %+v: want p50 > 0 and p99 >= p50", res.Hub, res.Leaf)
+	}
+	if res.CutSite != "site-1" || res.PendingInCut != queued {
+		t.Errorf("the cut of %q: the hub held %d pending, want site-1 and %d", res.CutSite, res.PendingInCut, queued)
+	}
+	if settled := res.Results["applied"] + res.Results["superseded"]; settled != queued || res.Lost != 0 {
+		t.Errorf("queued events settled %v, lost %d: want applied + superseded = %d, none lost", res.Results, res.Lost, queued)
+	}
+	if w := res.SiteWrites; w.Events != queued || w.Outcomes < queued || w.Bucket == 0 {
+		t.Errorf("the site's writes during the catch-up %+v: want the %d events stored, an outcome each at least, and checkpoints", w, queued)
+	}
+	if res.Relinked <= 0 || res.Stored < res.Relinked || res.CaughtUp < res.Stored || res.Rate() <= 0 || len(res.Samples) == 0 {
+		t.Errorf("catch-up: relinked %v, stored %v, caught up %v, %.0f events/s, %d samples: want each after the one before",
+			res.Relinked, res.Stored, res.CaughtUp, res.Rate(), len(res.Samples))
+	}
+}
