@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
@@ -120,20 +119,6 @@ func TestSiteOfReadsBackTheSourceHubSiteSourceMade(t *testing.T) {
 	}
 }
 
-func connectTo(t *testing.T, s *server.Server, domain string) (*nats.Conn, jetstream.JetStream) {
-	t.Helper()
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := events.JetStreamIn(nc, domain)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return nc, js
-}
-
 // On a real hub and leaf: the site receives its own keys' events and no
 // other, once, with a stored notice at the site and none from the hub; an
 // outcome written at the site reaches the hub's stream; the hub's set-up
@@ -141,8 +126,8 @@ func connectTo(t *testing.T, s *server.Server, domain string) (*nats.Conn, jetst
 func TestSetupSiteSourcesTheHubAndBack(t *testing.T) {
 	pair := sitetest.Start(t, "site-a")
 	hub, leaf := pair.Hub, pair.Leaf
-	_, hubJS := connectTo(t, hub, "hub")
-	siteNC, siteJS := connectTo(t, leaf, "site-a")
+	_, hubJS := sitetest.Connect(t, hub, "hub")
+	siteNC, siteJS := sitetest.Connect(t, leaf, "site-a")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// At its own leaf node a site's JetStream is the server's own API, so
@@ -151,7 +136,7 @@ func TestSetupSiteSourcesTheHubAndBack(t *testing.T) {
 	if p := siteJS.Options().Domain; p != "" {
 		t.Errorf("at the leaf node, the site's JetStream is addressed through domain %q, want the server's own API", p)
 	}
-	hubNC, _ := connectTo(t, hub, "hub")
+	hubNC, _ := sitetest.Connect(t, hub, "hub")
 	siteFromHub, err := events.JetStreamIn(hubNC, "site-a")
 	if err != nil {
 		t.Fatal(err)

@@ -256,3 +256,69 @@ func TestQueueStoppingClaimsNothingAndHandsEverythingBack(t *testing.T) {
 	r.tasks.Add(-2)
 	r.tasks.Wait()
 }
+
+// In memory (workertest), a failing head ends its lane's run rather than
+// waiting on the clock, the next round starts it again, and once its
+// handler has failed maxFailures times it is parked: it keeps its place
+// and holds its key, so the event behind it never runs and no round claims
+// the lane again.
+func TestQueueInRoundsRetriesAfterTheRoundAndParksAtMaxFailures(t *testing.T) {
+	r := newQueueRig(false)
+	r.q.inRounds, r.q.maxFailures = true, 2
+	l := r.mustAdd(t, r.event("a", 1), true)
+	r.mustAdd(t, r.event("a", 2), false)
+
+	head := r.mustNext(t, l, stepRun).h
+	r.q.retry(l, head, errors.New("down"))
+	r.mustNext(t, l, stepDone) // waits for the next round, not the clock
+	if l.running {
+		t.Fatal("a lane that ended its run is still marked running")
+	}
+	claimed := r.q.dueInRound()
+	if len(claimed) != 1 || claimed[0] != l {
+		t.Fatalf("the next round claimed %v, want the failing lane", claimed)
+	}
+	if s := r.mustNext(t, l, stepRun); s.h != head {
+		t.Fatalf("the round ran %d, want the failed head again", s.h.seq)
+	}
+	r.q.retry(l, head, errors.New("still down"))
+	if !head.parked {
+		t.Fatalf("after %d failures the head is not parked (maxFailures 2)", head.attempts)
+	}
+	r.mustNext(t, l, stepDone)
+	if claimed := r.q.dueInRound(); len(claimed) != 0 {
+		t.Fatalf("a round claimed %d lanes after the head was parked, want none", len(claimed))
+	}
+	if got := len(r.q.lanes["k/a"].queue); got != 2 {
+		t.Fatalf("the parked lane holds %d events, want the head and the one behind it", got)
+	}
+
+	// A panic is bounded by WithMaxPanics, not by maxFailures.
+	p := r.event("b", 3)
+	lb := r.mustAdd(t, p, true)
+	r.mustNext(t, lb, stepRun)
+	p.panics = 1
+	r.q.retry(lb, p, errors.New("panicked"))
+	if p.parked {
+		t.Fatal("a panic counted towards maxFailures")
+	}
+}
+
+// A worker never parks and never runs in rounds: a failing head waits on
+// the clock for its backoff.
+func TestQueueOfAWorkerWaitsOnTheClockAndNeverParks(t *testing.T) {
+	r := newQueueRig(false)
+	l := r.mustAdd(t, r.event("a", 1), true)
+	head := r.mustNext(t, l, stepRun).h
+	for range 50 {
+		r.q.retry(l, head, errors.New("down"))
+		if head.parked {
+			t.Fatalf("parked after %d failures", head.attempts)
+		}
+		if s := r.mustNext(t, l, stepWait); s.wait <= 0 {
+			t.Fatalf("wait %v", s.wait)
+		}
+		r.clock = r.clock.Add(time.Minute)
+		r.mustNext(t, l, stepRun)
+	}
+}

@@ -299,15 +299,7 @@ func TestJSDomainTakesTheSitesInboxPrefix(t *testing.T) {
 func TestStatusAtTheHubShowsTheSiteThroughACut(t *testing.T) {
 	pair := sitetest.Start(t, "site-a")
 	hubURL := pair.Hub.ClientURL()
-	nc, err := nats.Connect(hubURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := sitetest.Connect(t, pair.Hub, "")
 	ctx := context.Background()
 	cfg := events.DefaultBusConfig(1)
 	cfg.Streams.MaxBytes, cfg.Streams.DLQMaxBytes, cfg.CheckpointMaxBytes = 64<<20, 16<<20, 16<<20
@@ -377,15 +369,7 @@ func TestDeploySitesLeafConfigsAreSiteConfigsOutput(t *testing.T) {
 func TestSiteSetupWaitsForTheLeafNode(t *testing.T) {
 	pair := sitetest.Start(t, "site-a")
 	hubURL := pair.Hub.ClientURL()
-	nc, err := nats.Connect(hubURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := sitetest.Connect(t, pair.Hub, "")
 	cfg := events.DefaultBusConfig(1)
 	cfg.Streams.MaxBytes, cfg.Streams.DLQMaxBytes, cfg.CheckpointMaxBytes = 64<<20, 16<<20, 16<<20
 	if err := events.SetupBus(context.Background(), js, cfg); err != nil {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/workers/workertest"
@@ -97,4 +99,23 @@ func freePort(t testing.TB) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Connect opens a connection to s, the hub or the site's leaf node, that
+// reconnects for as long as the test runs (a cut and a restart come back),
+// and its JetStream in domain as a worker there uses it
+// (events.JetStreamIn: at the site's own leaf node, the server's own API;
+// from the hub, $JS.<site>.API); both close when the test ends.
+func Connect(t testing.TB, s *server.Server, domain string) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(s.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := events.JetStreamIn(nc, domain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
 }
