@@ -97,15 +97,15 @@ func (c *closedSites) connect(t *testing.T, url string) *bus {
 	return connectAs(t, url, c.opCreds)
 }
 
-// instance is a credential instance's own connection to its site's leaf
-// node and its document keys, as `steward worker` has them on the closed
-// bus; nil on the open bus, where the instances share connections.
-func (c *closedSites) instance(t *testing.T, leafURL, site, hive string) (jetstream.JetStream, []workers.Option) {
+// instance is a worker instance's own connection to its site's leaf node
+// and its document keys, as `steward worker` has them on the closed bus;
+// nil on the open bus, where the instances share connections.
+func (c *closedSites) instance(t *testing.T, leafURL, site, worker, key string) (jetstream.JetStream, []workers.Option) {
 	t.Helper()
 	if c == nil {
 		return nil, nil
 	}
-	id, err := natsauth.Worker(credentialWorker, hive)
+	id, err := natsauth.Worker(worker, key)
 	if err != nil {
 		t.Fatal(err)
 	}
