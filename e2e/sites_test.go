@@ -6,8 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -23,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/fleet"
 	"github.com/steward-dev/steward/internal/ops"
 	"github.com/steward-dev/steward/internal/signing"
 	"github.com/steward-dev/steward/workers"
@@ -35,79 +34,6 @@ const siteCut = 60 * time.Second
 // machinesPerSite is how many database machines (grant.changed, one
 // provision-like instance each) each site has beside its hives.
 const machinesPerSite = 5
-
-// linkProxy is a TCP proxy the test controls between a leaf node and the
-// hub's leaf port: cut closes every connection and refuses new ones, heal
-// listens again on the same address.
-type linkProxy struct {
-	addr, target string
-
-	mu    sync.Mutex
-	ln    net.Listener
-	conns map[net.Conn]bool
-}
-
-func startLinkProxy(t testing.TB, target string) *linkProxy {
-	t.Helper()
-	p := &linkProxy{addr: fmt.Sprintf("127.0.0.1:%d", freePort(t)), target: target, conns: map[net.Conn]bool{}}
-	p.heal(t)
-	t.Cleanup(p.cut)
-	return p
-}
-
-func (p *linkProxy) heal(t testing.TB) {
-	t.Helper()
-	ln, err := net.Listen("tcp", p.addr)
-	if err != nil {
-		t.Fatalf("proxy listen %s: %v", p.addr, err)
-	}
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", p.target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			if p.ln != ln {
-				// Cut while this one was dialling.
-				p.mu.Unlock()
-				c.Close()
-				up.Close()
-				continue
-			}
-			p.conns[c], p.conns[up] = true, true
-			p.mu.Unlock()
-			pipe := func(dst, src net.Conn) {
-				_, _ = io.Copy(dst, src)
-				dst.Close()
-				src.Close()
-			}
-			go pipe(up, c)
-			go pipe(c, up)
-		}
-	}()
-}
-
-func (p *linkProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ln != nil {
-		p.ln.Close()
-		p.ln = nil
-	}
-	for c := range p.conns {
-		c.Close()
-	}
-	clear(p.conns)
-}
 
 // leafNode is a nats-server process whose configuration `steward site
 // config` wrote.
@@ -214,7 +140,13 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 	hub.p = newProc(t, "nats-hub", bins.nats, []string{"-c", hubConf, "-sd", hub.store, "-a", "127.0.0.1",
 		"-p", fmt.Sprint(hub.port), "-m", fmt.Sprint(hub.httpPort)}, nil)
 	hub.start(t)
-	proxy := startLinkProxy(t, fmt.Sprintf("127.0.0.1:%d", leafPort))
+	// The link's cut: a TCP proxy between site A's leaf node and the
+	// hub's leaf port, the bench's own (fleet.LinkProxy).
+	proxy, err := fleet.StartLinkProxy(fmt.Sprintf("127.0.0.1:%d", leafPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Cut)
 
 	startLeaf := func(name, hubURL string) *leafNode {
 		n := &leafNode{name: name, port: freePort(t), httpPort: freePort(t)}
@@ -231,7 +163,7 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 		})
 		return n
 	}
-	siteA := startLeaf("site-a", "nats-leaf://"+proxy.addr)
+	siteA := startLeaf("site-a", "nats-leaf://"+proxy.Addr())
 	siteB := startLeaf("site-b", fmt.Sprintf("nats-leaf://127.0.0.1:%d", leafPort))
 	linked := func(n int) func() (bool, string) {
 		return func() (bool, string) {
@@ -432,7 +364,7 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 
 	// The cut: site A's link closed and refused, its leaf node killed and
 	// restarted behind it, while rounds 2.. are published at the hub.
-	proxy.cut()
+	proxy.Cut()
 	cutAt := time.Now()
 	waitFor(t, "the hub sees site A gone", time.Minute, linked(1))
 	for v := uint64(2); v <= rounds; v++ {
@@ -467,7 +399,9 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 		}
 		return time.Since(cutAt) >= siteCut, "cut for " + time.Since(cutAt).Round(time.Second).String()
 	})
-	proxy.heal(t)
+	if err := proxy.Heal(); err != nil {
+		t.Fatal(err)
+	}
 	healedAt := time.Now()
 	cut := healedAt.Sub(cutAt)
 	relinked := waitFor(t, "site A is linked again", time.Minute, linked(2))
