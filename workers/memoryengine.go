@@ -52,21 +52,16 @@ func (m *memoryEngine) Deliver(msgs []*memory.Msg, unchecked bool) {
 	// Every message is queued before any lane runs, as a pull of a burst
 	// is: a latest-wins lane then sees all of its key's events at once.
 	var runs []func()
+	seqs := make([]uint64, 0, len(msgs))
 	for _, msg := range msgs {
 		meta, _ := msg.Metadata()
+		seqs = append(seqs, meta.Sequence.Stream)
 		if run := w.accept(msg, meta); run != nil {
 			runs = append(runs, run)
 		}
 	}
 	if unchecked {
-		w.queue.mu.Lock()
-		for _, msg := range msgs {
-			meta, _ := msg.Metadata()
-			if h := w.queue.held[meta.Sequence.Stream]; h != nil {
-				h.validated = true
-			}
-		}
-		w.queue.mu.Unlock()
+		w.queue.trust(seqs)
 	}
 	// Rounds: each lane runs until it is empty, parked, or its head
 	// fails; then the failed heads are tried again, after every other

@@ -37,13 +37,13 @@ type replayer struct{ w *Runtime }
 // dry run does not need it. Its metrics go to a registry of their own
 // unless WithRegisterer says otherwise.
 func newReplayer(ctx context.Context, js jetstream.JetStream, spec, h any, opts []any) (enginetest.Replayer, error) {
-	sp, hd, os, err := engineArgs(spec, h, opts)
+	sp, handler, options, err := engineArgs(spec, h, opts)
 	if err != nil {
 		return nil, err
 	}
 	o := defaultOptions()
 	o.registerer = prometheus.NewRegistry()
-	w, err := newRuntime(js, sp, hd, o, os)
+	w, err := newRuntime(js, sp, handler, o, options)
 	if err != nil {
 		return nil, err
 	}

@@ -2,7 +2,6 @@ package credential_test
 
 import (
 	"math"
-	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -237,17 +236,8 @@ func rotationName(version uint64, hive, how string) string {
 // recordedSteps reads a recorded stream as steps.
 func recordedSteps(t *testing.T, path string) []bothways.Step {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	list, err := events.ReadJSONL(f)
-	if err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
 	var out []bothways.Step
-	for i, e := range list {
+	for i, e := range workertest.ReadFile(t, path) {
 		var d events.CredentialRotated
 		if err := e.DataAs(&d); err != nil {
 			t.Fatalf("%s, line %d: %v", path, i+1, err)

@@ -140,7 +140,7 @@ func (r *Runner) WorkAll(list []event.Event, opts ...WorkOption) *Result {
 // line as `steward export` writes them, queued together.
 func (r *Runner) WorkFile(path string, opts ...WorkOption) *Result {
 	r.t.Helper()
-	return r.run(readFile(r.t, path), opts)
+	return r.run(ReadFile(r.t, path), opts)
 }
 
 // Work runs one event through h in memory, on a fresh Runner: the
@@ -365,7 +365,11 @@ func (r *Runner) observe(h workers.Handler) func(context.Context, *workers.Deliv
 		defer func() {
 			v := recover()
 			if v != nil {
-				err = fmt.Errorf("handler panicked on %s (event %s): %v", d.Key, d.Event.ID(), v)
+				// Only counted: a panic ends dead-lettered, or applied
+				// or failed at a later attempt, and the Result's error
+				// is then the letter's reason (the executor's words) or
+				// that attempt's.
+				err = fmt.Errorf("panic: %v", v)
 			}
 			r.record(func(c *call) {
 				s := c.tried[d.Sequence]
@@ -459,7 +463,10 @@ func OutcomeName(e event.Event) string {
 	return t[strings.LastIndexByte(t, '.')+1:]
 }
 
-func readFile(t testing.TB, path string) []event.Event {
+// ReadFile reads a recorded stream, CloudEvents in the JSON format one per
+// line as `steward export` writes them, failing the test with the file's
+// name and the line that does not read.
+func ReadFile(t testing.TB, path string) []event.Event {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {

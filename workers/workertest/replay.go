@@ -20,7 +20,7 @@ import (
 // server.
 func ReplayFile(t testing.TB, path string, spec workers.Spec, h workers.Handler, opts ...Option) *Result {
 	t.Helper()
-	return Replay(t, readFile(t, path), spec, h, opts...)
+	return Replay(t, ReadFile(t, path), spec, h, opts...)
 }
 
 // Replay is ReplayFile with the events given.

@@ -155,7 +155,7 @@ func PublishData(t testing.TB, js jetstream.JetStream, typ, key string, data any
 // one per line, in order.
 func PublishFile(t testing.TB, js jetstream.JetStream, path string) []publisher.Ack {
 	t.Helper()
-	list := readFile(t, path)
+	list := ReadFile(t, path)
 	acks := make([]publisher.Ack, 0, len(list))
 	for _, e := range list {
 		acks = append(acks, Publish(t, js, e))

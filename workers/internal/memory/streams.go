@@ -120,9 +120,12 @@ func (s *Streams) LastEvent(_ context.Context, subject string) (*jetstream.RawSt
 func (s *Streams) at(name string, seq uint64, subject string) (*jetstream.RawStreamMsg, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, m := range s.named(name).msgs[min(max(seq, 1)-1, uint64(len(s.named(name).msgs))):] {
-		if subject == "" || m.Subject == subject {
-			return m, nil
+	// Sequences start at 1 and are the messages' places, one after the
+	// other: the first at or after seq is at index seq-1.
+	msgs := s.named(name).msgs
+	for i := max(seq, 1) - 1; i < uint64(len(msgs)); i++ {
+		if subject == "" || msgs[i].Subject == subject {
+			return msgs[i], nil
 		}
 	}
 	return nil, jetstream.ErrMsgNotFound
