@@ -221,6 +221,15 @@ func SiteStreamConfigs(c StreamConfig, s Site) []jetstream.StreamConfig {
 			Consumer: &jetstream.StreamConsumerSource{Name: SiteConsumer(s.Name), DeliverSubject: SiteDeliverSubject(s.Name)},
 		}}
 		sc.Description = "Steward state changes for site " + s.Name + ", sourced from the hub"
+		// Every event here is a copy of one the hub holds, synced, for
+		// its retention: a site that loses its unsynced tail in a power
+		// cut finds its last stored event earlier, resets the hub's
+		// consumer to it and sources the tail again, in the hub's order,
+		// to the same sequences. So this stream alone does not sync each
+		// write, which halves the fsyncs a catching-up site waits on
+		// (docs/benchmarks.md, "Sites"); the site's outcomes, dead letters
+		// and checkpoints, written nowhere else, still sync each write.
+		sc.PersistMode = jetstream.AsyncPersistMode
 	}
 	return configs
 }

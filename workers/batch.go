@@ -80,7 +80,12 @@ func (b *batch) view() (cp checkpoint, rev uint64, ok bool) {
 	}
 	last := b.events[len(b.events)-1]
 	cp = b.cp
-	cp.Applied, cp.EventID = last.seq, last.event.ID()
+	// A superseded event joins the run even when another process has
+	// already moved the key past it (settle then writes nothing): the
+	// view never moves the checkpoint back.
+	if last.seq > cp.Applied {
+		cp.Applied, cp.EventID = last.seq, last.event.ID()
+	}
 	return cp, b.rev, true
 }
 

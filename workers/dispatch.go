@@ -14,7 +14,8 @@ func (w *Runtime) laneRun(l *lane) func() { return func() { w.runLane(l) } }
 // while it waits (without a concurrency slot); under a latest-wins Spec, a
 // newer verified event that joins the lane meanwhile supersedes it at once.
 //
-// Events the handler settles one after the other form a run (batch.go):
+// Events the handler settles one after the other, and those a newer one of
+// their key supersedes, form a run (batch.go):
 // the lane keeps its concurrency slot while it has one, and records the
 // run with one checkpoint write before it does anything else, when the run
 // is full (64 events, or 100ms since its first handler started), or when
@@ -40,10 +41,10 @@ func (w *Runtime) runLane(l *lane) {
 		case stepRank:
 			w.rankAll(s.todo)
 		case stepSupersede:
-			w.settleSuperseded(l, s.h, s.winner.event.ID(), s.winner.seq)
+			w.settleSuperseded(l, s.h, s.winner.event.ID(), s.winner.seq, b)
 		case stepCheckNewer:
 			if id, seq, ok := w.newerStored(w.handlerCtx, s.h); ok && w.queue.takeHead(l, s.h) {
-				w.settleSuperseded(l, s.h, id, seq)
+				w.settleSuperseded(l, s.h, id, seq, b)
 			}
 		case stepWait:
 			w.waitRetry(l, s.wait)
@@ -84,14 +85,12 @@ func (w *Runtime) runHead(l *lane, h *held, b *batch) {
 	}
 }
 
-// settleSuperseded settles h as superseded, or puts it back to be tried
-// again when the settling could not be recorded.
-func (w *Runtime) settleSuperseded(l *lane, h *held, byID string, bySeq uint64) {
-	if !w.settler.supersede(h, byID, bySeq) {
+// settleSuperseded settles h as superseded with the lane's run b, or puts
+// it back to be tried again when its checkpoint could not be read.
+func (w *Runtime) settleSuperseded(l *lane, h *held, byID string, bySeq uint64, b *batch) {
+	if !w.settler.supersede(h, byID, bySeq, b) {
 		w.retry(l, h, nil)
-		return
 	}
-	w.unhold(h)
 }
 
 // waitRetry waits for the head's retry time, a newer event of the key, or

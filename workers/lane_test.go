@@ -115,9 +115,9 @@ func TestLaneOlderRankBehindTheHeadDoesNotSupersedeIt(t *testing.T) {
 	}
 }
 
-// TestLaneIsReadyOnlyWhenItsHeadNeedsNothingFirst is what decides whether a
+// TestLaneIsReadyOnlyWhenItsNextStepNeedsNoWrite is what decides whether a
 // run of settled events goes on or is recorded first (batch.go).
-func TestLaneIsReadyOnlyWhenItsHeadNeedsNothingFirst(t *testing.T) {
+func TestLaneIsReadyOnlyWhenItsNextStepNeedsNoWrite(t *testing.T) {
 	clock := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
 	l := newLane()
 	if l.ready(clock, false) {
@@ -133,26 +133,32 @@ func TestLaneIsReadyOnlyWhenItsHeadNeedsNothingFirst(t *testing.T) {
 	}
 	l.queue[0].retryAt = time.Time{}
 	l.waitFor, l.waitUntil = 3, clock.Add(time.Minute)
-	if l.ready(clock, false) {
+	if l.ready(clock, false) || l.ready(clock, true) {
 		t.Fatal("a head behind an earlier event held elsewhere is ready")
 	}
 	l.waitFor = 0
 
 	// Latest-wins: ranking, superseding and the look at the stream for a
-	// newer event all come before a run goes on.
-	if l.ready(clock, true) {
-		t.Fatal("an unranked head is ready under a latest-wins Spec")
+	// newer event need no checkpoint write of their own, so the run goes
+	// on through them; a head that only waits for its retry does not.
+	if !l.ready(clock, true) {
+		t.Fatal("a lane whose next step is ranking is not ready")
 	}
 	l.queue[0].rankDone, l.queue[0].ranked, l.queue[0].rank = true, true, 1
+	l.queue[0].retryAt = clock.Add(time.Second)
 	if l.ready(clock, true) {
-		t.Fatal("a head not yet checked for a newer stored event is ready")
-	}
-	l.queue[0].checkedAt = 1
-	if !l.ready(clock, true) {
-		t.Fatal("a ranked, checked head is not ready")
+		t.Fatal("a ranked head waiting for its retry is ready")
 	}
 	l.insert(&held{seq: 5, rankDone: true, ranked: true, rank: 2})
+	if !l.ready(clock, true) {
+		t.Fatal("a head a queued newer event supersedes at once is not ready")
+	}
+	l.pop()
+	if !l.ready(clock, true) {
+		t.Fatal("a ranked head with nothing before it is not ready")
+	}
+	l.queue[0].parked = true
 	if l.ready(clock, true) {
-		t.Fatal("a head a queued newer event supersedes is ready")
+		t.Fatal("a parked head is ready")
 	}
 }

@@ -173,7 +173,7 @@ func newRuntime(js jetstream.JetStream, spec Spec, h Handler, o options, opts []
 	if o.readMode == ReadStream {
 		sr := &streamReader{
 			instance: in, accept: w.accept, runners: w.runners,
-			scanned: map[string]uint64{}, pending: map[uint64]string{}, wake: make(chan struct{}, 1), save: make(chan struct{}, 1),
+			scanned: map[string]uint64{}, pending: map[uint64]string{}, wake: make(chan struct{}, 1), save: make(chan struct{}, 1), quiet: make(chan struct{}, 1),
 		}
 		for _, subj := range spec.Subjects {
 			// Every subject is in the cursor from the start, so what

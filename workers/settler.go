@@ -49,33 +49,41 @@ func (st *settler) ack(h *held, result string, log zerolog.Logger) {
 
 // supersede settles h, an event of a latest-wins kind not yet applied,
 // because the event byID at sequence bySeq is newer by the worker's own
-// verified ordering: the checkpoint, an outcome, the ack. It reports false
-// when the checkpoint could not be written, and then h is tried again.
-func (st *settler) supersede(h *held, byID string, bySeq uint64) bool {
+// verified ordering: its outcome now, and h joins the lane's run b, whose
+// one checkpoint write and acks settle it with the run (a burst of a
+// key's versions costs one write, not one a version). It reports false
+// when the lane's checkpoint could not be read, and then h is tried again.
+func (st *settler) supersede(h *held, byID string, bySeq uint64, b *batch) bool {
 	ctx, span := st.startSpan(h, "supersede")
 	defer span.End()
 	span.SetAttributes(attribute.String("steward.result", resultSuperseded), attribute.String("steward.superseded_by", byID))
 	log := st.logFor(h)
-	cp, rev, _, err := st.cps.forLane(ctx, h)
-	if err == nil {
-		err = st.cps.settle(ctx, h, cp, rev)
+	cp, rev, ok := b.view()
+	if !ok {
+		var err error
+		if cp, rev, _, err = st.cps.forLane(ctx, h); err != nil {
+			log.Warn().Err(err).Msg("a superseded event could not be settled; trying again")
+			return false
+		}
 	}
-	if err != nil {
-		log.Warn().Err(err).Msg("a superseded event could not be settled; trying again")
-		return false
+	if h.handled == "" {
+		// Emitted before the run's checkpoint write: a crash between
+		// the two supersedes h again on its redelivery, under the same
+		// outcome id, which the outcomes stream's dedupe window drops.
+		d := st.delivery(h, cp, rev, log)
+		if err := d.Emit(ctx, events.OutcomeSuperseded, events.Superseded{
+			Key: h.key, EventID: h.event.ID(), Sequence: h.seq,
+			SupersededBy: byID, SupersededBySequence: bySeq,
+			Reason: "superseded by " + byID,
+		}); err != nil {
+			// The newer event carries the key's state, so a
+			// missing outcome is logged, not retried.
+			log.Warn().Err(err).Msg("the superseded outcome could not be published")
+		}
+		log.Info().Str("superseded_by", byID).Uint64("superseded_by_seq", bySeq).Msg("event superseded by a newer one of its key")
 	}
-	d := st.delivery(h, cp, rev, log)
-	if err := d.Emit(ctx, events.OutcomeSuperseded, events.Superseded{
-		Key: h.key, EventID: h.event.ID(), Sequence: h.seq,
-		SupersededBy: byID, SupersededBySequence: bySeq,
-		Reason: "superseded by " + byID,
-	}); err != nil {
-		// The checkpoint already settled it: the newer event carries
-		// the key's state, so a missing outcome is logged, not retried.
-		log.Warn().Err(err).Msg("the superseded outcome could not be published")
-	}
-	log.Info().Str("superseded_by", byID).Uint64("superseded_by_seq", bySeq).Msg("event superseded by a newer one of its key")
-	st.ack(h, resultSuperseded, log)
+	b.starting(st.now())
+	b.add(h, resultSuperseded, cp, rev)
 	return true
 }
 

@@ -73,6 +73,11 @@ type streamReader struct {
 	pending map[uint64]string // read and not settled yet: sequence to subject
 	saved   map[string]uint64 // the cursor last written
 	rev     uint64
+	// savedAt is when the cursor was last written; quietTimer signals
+	// quiet once the reader has been quiet for cursorQuiet.
+	savedAt    time.Time
+	quietTimer *time.Timer
+	quiet      chan struct{}
 	wake    chan struct{}
 	// save is signalled when nothing read is left unsettled, so the
 	// cursor is written without waiting for the next read.
@@ -291,8 +296,12 @@ func (sr *streamReader) run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			sr.saveCursor(context.WithoutCancel(ctx))
+			// Stopping: written now, so a restart reads from here.
+			sr.writeCursor(context.WithoutCancel(ctx))
 			return nil
+		case <-sr.quiet:
+			sr.writeCursor(ctx)
+			continue
 		case <-sr.wake:
 		case <-control:
 		case <-sr.save:
@@ -443,9 +452,50 @@ func (sr *streamReader) adoptConsumer(ctx context.Context) error {
 	return nil
 }
 
-// saveCursor writes the cursor when it moved; a failure is logged and the
-// next save tries again (an old cursor only means reading more again).
+// The cursor only says where a restart reads from: one behind means
+// reading again what the keys' checkpoints then skip. Each write is a
+// synced write to the bucket, though, and a site catching up on 10,000
+// queued events wrote 4,000 cursors before writes waited for a quiet
+// moment (docs/benchmarks.md, "Sites"). So a reader writes its cursor
+// once it has read nothing new and settled everything for cursorQuiet,
+// and at least every cursorAtMost while it stays busy.
+const (
+	cursorQuiet  = time.Second
+	cursorAtMost = 30 * time.Second
+)
+
+// saveCursor writes the cursor once the reader is quiet (cursorQuiet from
+// now, unless it moves again meanwhile), or at once when the last write
+// is cursorAtMost old.
 func (sr *streamReader) saveCursor(ctx context.Context) {
+	sr.mu.Lock()
+	if sr.now().Sub(sr.savedAt) < cursorAtMost {
+		if sr.quietTimer == nil {
+			sr.quietTimer = time.AfterFunc(cursorQuiet, sr.quietNow)
+		} else {
+			sr.quietTimer.Reset(cursorQuiet)
+		}
+		sr.mu.Unlock()
+		return
+	}
+	sr.mu.Unlock()
+	sr.writeCursor(ctx)
+}
+
+// quietNow tells the reader it has been quiet for cursorQuiet.
+func (sr *streamReader) quietNow() {
+	select {
+	case sr.quiet <- struct{}{}:
+	default:
+	}
+}
+
+// writeCursor writes the cursor when it moved; a failure is logged and the
+// next save tries again (an old cursor only means reading more again).
+func (sr *streamReader) writeCursor(ctx context.Context) {
+	sr.mu.Lock()
+	sr.savedAt = sr.now()
+	sr.mu.Unlock()
 	if err := sr.saveCursorNow(ctx); err != nil {
 		sr.log.Debug().Err(err).Msg("cursor not saved; it is saved again later")
 	}
