@@ -78,7 +78,7 @@ type streamReader struct {
 	savedAt    time.Time
 	quietTimer *time.Timer
 	quiet      chan struct{}
-	wake    chan struct{}
+	wake       chan struct{}
 	// save is signalled when nothing read is left unsettled, so the
 	// cursor is written without waiting for the next read.
 	save chan struct{}
