@@ -94,6 +94,9 @@ func newResumeCmd(g *globals) *cobra.Command {
 			return printJSON(cmd.OutOrStdout(), p)
 		}
 		fmt.Fprintln(cmd.OutOrStdout(), ops.Printable("resumed "+p.Consumer+"; the server delivers its events again"))
+		if p.Note != "" {
+			fmt.Fprintln(cmd.OutOrStdout(), ops.Printable("note: "+p.Note))
+		}
 		return nil
 	}
 	return cmd

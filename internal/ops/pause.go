@@ -19,6 +19,9 @@ type Paused struct {
 	Paused   bool   `json:"paused"`
 	// Until is when the server resumes it by itself.
 	Until *time.Time `json:"until,omitempty"`
+	// Note says what the operator should know of how it takes effect:
+	// a stream reader at a site resumed from the hub is not woken.
+	Note string `json:"note,omitempty"`
 }
 
 // Pause stops the server delivering the instance's events until until (or
@@ -58,7 +61,7 @@ func Resume(ctx context.Context, js jetstream.JetStream, docs *events.Store, wor
 		if err := resumeStream(ctx, js, docs, worker, instance); err != nil {
 			return Paused{}, err
 		}
-		return Paused{Consumer: ConsumerName(worker, instance)}, nil
+		return Paused{Consumer: ConsumerName(worker, instance), Note: acrossLink(js)}, nil
 	}
 	name, err := pausable(ctx, js, worker, instance)
 	if err != nil {
@@ -155,6 +158,25 @@ func resumeStream(ctx context.Context, js jetstream.JetStream, docs *events.Stor
 	}
 	return js.Conn().Publish(events.ControlSubject(worker, instance), nil)
 }
+
+// acrossLink says, for a stream reader resumed through js, when js is
+// another domain's JetStream reached across a leaf link (a site's, from the
+// hub): the wake-up on the control subject stays on this side, as the link
+// carries none of Steward's subjects (events.SiteLinkDenied), so the reader
+// sees the resume at its next read, not at once.
+func acrossLink(js jetstream.JetStream) string {
+	domain := js.Options().Domain
+	if domain == "" || js.Conn().ConnectedDomain() == domain {
+		return ""
+	}
+	return fmt.Sprintf("the pause is lifted in %s's bucket, but the wake-up does not cross the leaf link: the reader reads again at its next reconnect or resync (within %s); to wake it at once, run this against %s's leaf node (--nats-url nats://LEAF --js-domain %s)",
+		domain, streamResync, domain, domain)
+}
+
+// streamResync is how long at most a stream reader goes without reading
+// again with nothing to wake it (workers' default resync, 5 minutes, spread
+// from half of it to one and a half times it).
+const streamResync = "7.5 minutes"
 
 // pausable checks the server can pause consumers and that the instance's
 // consumer exists, and returns its name.

@@ -383,3 +383,79 @@ func replaceField(s string, i int, v string) string {
 	}
 	return strings.Join(fields, " ")
 }
+
+// TestResumeFromTheHubSaysASiteReaderIsNotWoken pauses a stream-reading
+// instance at a site and resumes it from the hub, across the leaf link: the
+// pause is lifted, and the operator is told the wake-up stays at the hub
+// (the link carries none of Steward's subjects). Resumed at the site's
+// leaf node, the reader is woken and handles the event published while it
+// was paused.
+func TestResumeFromTheHubSaysASiteReaderIsNotWoken(t *testing.T) {
+	const hive = "hive-r"
+	pair := sitetest.Start(t, "site-a")
+	hubNC, hubJS := sitetest.Connect(t, pair.Hub, "")
+	_, siteJS := sitetest.Connect(t, pair.Leaf, pair.Site)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := events.DefaultBusConfig(1)
+	cfg.Streams.MaxBytes, cfg.Streams.DLQMaxBytes, cfg.CheckpointMaxBytes = 64<<20, 16<<20, 16<<20
+	if err := events.SetupBus(ctx, hubJS, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := events.SetupSite(ctx, siteJS, hubJS, cfg, events.Site{Name: pair.Site, HubDomain: sitetest.HubDomain, Hives: []string{hive}}); err != nil {
+		t.Fatal(err)
+	}
+	handled := make(chan uint64, 4)
+	workertest.Start(t, siteJS, credSpec(hive), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		var r events.CredentialRotated
+		if err := d.DataAs(&r); err != nil {
+			return err
+		}
+		handled <- r.Version
+		return nil
+	}), workers.WithDomain(pair.Site), workers.WithReadMode(workers.ReadStream))
+	siteKV, err := siteJS.KeyValue(ctx, events.CheckpointBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	workertest.WaitUntil(t, "the reader's cursor is written at the site", func() bool {
+		_, err := siteKV.Get(ctx, events.CursorKey("credential", hive))
+		return err == nil
+	})
+	siteDocs := events.NewStore(siteKV, events.StoreOptions{Signer: workertest.Signer(events.OperatorWriter), Verifier: workertest.Verifier(), Domain: pair.Site})
+	if _, err := ops.Pause(ctx, siteJS, siteDocs, "credential", hive, time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	publishTraced(t, hubJS, hive, 1, "")
+	workertest.WaitUntil(t, "the event reaches the site", func() bool {
+		info, err := siteJS.Stream(ctx, events.StreamEvents)
+		return err == nil && info.CachedInfo().State.Msgs == 1
+	})
+
+	acrossJS, err := events.JetStreamIn(hubNC, pair.Site)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := ops.Resume(ctx, acrossJS, nil, "credential", hive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(p.Note, "does not cross the leaf link") || !strings.Contains(p.Note, "--js-domain site-a") {
+		t.Fatalf("resumed from the hub with the note %q; want the operator told the reader is not woken, and how to wake it", p.Note)
+	}
+	if _, err := siteKV.Get(ctx, events.PauseKey("credential", hive)); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("after the resume from the hub the site's pause is %v, want deleted", err)
+	}
+	p, err = ops.Resume(ctx, siteJS, nil, "credential", hive)
+	if err != nil || p.Note != "" {
+		t.Fatalf("resumed at the site: note %q, err %v; want no note", p.Note, err)
+	}
+	select {
+	case v := <-handled:
+		if v != 1 {
+			t.Fatalf("handled version %d, want 1", v)
+		}
+	case <-ctx.Done():
+		t.Fatal("resumed at the site's leaf node, the reader was not woken")
+	}
+}
