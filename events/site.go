@@ -222,11 +222,13 @@ func SiteStreamConfigs(c StreamConfig, s Site) []jetstream.StreamConfig {
 		}}
 		sc.Description = "Steward state changes for site " + s.Name + ", sourced from the hub"
 		// Every event here is a copy of one the hub holds, synced, for
-		// its retention: a site that loses its unsynced tail in a power
-		// cut finds its last stored event earlier, resets the hub's
-		// consumer to it and sources the tail again, in the hub's order,
-		// to the same sequences. So this stream alone does not sync each
-		// write, which halves the fsyncs a catching-up site waits on
+		// its retention: a leaf that loses its unwritten tail (killed
+		// before its flush, or its machine losing power) finds its last
+		// stored event earlier when it starts, resets the hub's consumer
+		// to it and sources the tail again, in the hub's order, to the
+		// same sequences, which the checkpoints of what was applied from
+		// it skip. So this stream alone does not sync each write, which
+		// halves the synced writes a catching-up site waits on
 		// (docs/benchmarks.md, "Sites"); the site's outcomes, dead letters
 		// and checkpoints, written nowhere else, still sync each write.
 		sc.PersistMode = jetstream.AsyncPersistMode
