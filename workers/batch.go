@@ -99,6 +99,9 @@ func (w *Runtime) flush(b *batch) {
 	}
 	if err := w.settler.recordRun(b); err != nil {
 		for _, h := range b.events {
+			// A superseded one is superseded again after its backoff,
+			// like the others are recorded again, not at once.
+			h.unsettled = h.handled == resultSuperseded
 			w.retry(b.lane, h, err)
 		}
 	} else {

@@ -86,11 +86,15 @@ func (w *Runtime) runHead(l *lane, h *held, b *batch) {
 }
 
 // settleSuperseded settles h as superseded with the lane's run b, or puts
-// it back to be tried again when its checkpoint could not be read.
+// it back to be superseded again after its backoff when its outcome could
+// not be published or its checkpoint read.
 func (w *Runtime) settleSuperseded(l *lane, h *held, byID string, bySeq uint64, b *batch) {
-	if !w.settler.supersede(h, byID, bySeq, b) {
-		w.retry(l, h, nil)
+	if err := w.settler.supersede(h, byID, bySeq, b); err != nil {
+		h.unsettled = true
+		w.retry(l, h, err)
+		return
 	}
+	h.unsettled = false
 }
 
 // waitRetry waits for the head's retry time, a newer event of the key, or

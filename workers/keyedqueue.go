@@ -182,7 +182,7 @@ func (q *keyedQueue) next(l *lane, b *batch) step {
 		if todo := l.unranked(); len(todo) > 0 {
 			return step{kind: stepRank, todo: todo}
 		}
-		if winner := l.superseded(); winner != nil {
+		if winner := l.supersedesNow(q.now()); winner != nil {
 			return step{kind: stepSupersede, h: l.pop(), winner: winner}
 		}
 		if head := l.queue[0]; head.ranked && head.checkedAt <= head.attempts && !head.retryAt.After(q.now()) {

@@ -72,7 +72,7 @@ func (l *lane) ready(now time.Time, latestWins bool) bool {
 	if len(l.queue) == 0 || l.blocked() {
 		return false
 	}
-	if latestWins && (len(l.unranked()) > 0 || l.superseded() != nil) {
+	if latestWins && (len(l.unranked()) > 0 || l.supersedesNow(now) != nil) {
 		return true
 	}
 	return !l.queue[0].retryAt.After(now)
@@ -111,6 +111,17 @@ func (l *lane) superseded() *held {
 		if q.ranked && q.rank >= head.rank && (winner == nil || q.rank >= winner.rank) {
 			winner = q
 		}
+	}
+	return winner
+}
+
+// supersedesNow returns the event that supersedes the head now: the one
+// superseded names, unless superseding the head failed before (unsettled)
+// and its retry time has not come.
+func (l *lane) supersedesNow(now time.Time) *held {
+	winner := l.superseded()
+	if winner == nil || (l.queue[0].unsettled && l.queue[0].retryAt.After(now)) {
+		return nil
 	}
 	return winner
 }

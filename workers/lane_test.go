@@ -162,3 +162,27 @@ func TestLaneIsReadyOnlyWhenItsNextStepNeedsNoWrite(t *testing.T) {
 		t.Fatal("a parked head is ready")
 	}
 }
+
+// TestALaneSupersedesAHeadThatFailedToSettleOnlyAfterItsBackoff keeps a
+// latest-wins lane from superseding, at once and over and over, a head
+// whose outcome or checkpoint could not be written (the server is away).
+func TestALaneSupersedesAHeadThatFailedToSettleOnlyAfterItsBackoff(t *testing.T) {
+	clock := time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)
+	l := newLane()
+	l.insert(&held{seq: 4, rankDone: true, ranked: true, rank: 1})
+	l.insert(&held{seq: 5, rankDone: true, ranked: true, rank: 2})
+	if w := l.supersedesNow(clock); w == nil || w.seq != 5 {
+		t.Fatalf("the head is superseded by %v, want the event at 5", w)
+	}
+	l.queue[0].unsettled, l.queue[0].retryAt = true, clock.Add(time.Second)
+	if w := l.supersedesNow(clock); w != nil || l.ready(clock, true) {
+		t.Fatalf("a head that failed to settle is superseded (by %v) or ready before its retry time", w)
+	}
+	if w := l.supersedesNow(clock.Add(2 * time.Second)); w == nil || !l.ready(clock.Add(2*time.Second), true) {
+		t.Fatal("a head that failed to settle is not superseded once its retry time has come")
+	}
+	l.queue[0].unsettled = false
+	if w := l.supersedesNow(clock); w == nil {
+		t.Fatal("a head retrying its handler is not superseded at once by a newer event")
+	}
+}

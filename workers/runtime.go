@@ -108,6 +108,11 @@ type held struct {
 	checkedAt uint64
 	// parked says the event is out of attempts (keyedQueue.maxFailures).
 	parked bool
+	// unsettled says a newer event superseded it but its outcome or
+	// checkpoint could not be written: it is superseded again once its
+	// retry time has come, not at once, so an unreachable server is not
+	// hammered (lane.supersedesNow).
+	unsettled bool
 }
 
 // New checks spec and the options and returns a Runtime ready to Run. It

@@ -51,9 +51,11 @@ func (st *settler) ack(h *held, result string, log zerolog.Logger) {
 // because the event byID at sequence bySeq is newer by the worker's own
 // verified ordering: its outcome now, and h joins the lane's run b, whose
 // one checkpoint write and acks settle it with the run (a burst of a
-// key's versions costs one write, not one a version). It reports false
-// when the lane's checkpoint could not be read, and then h is tried again.
-func (st *settler) supersede(h *held, byID string, bySeq uint64, b *batch) bool {
+// key's versions costs one write, not one a version). It returns why h
+// could not be settled (its outcome not published, its lane's checkpoint
+// not read), and then nothing of it is recorded: every event keeps its
+// one outcome.
+func (st *settler) supersede(h *held, byID string, bySeq uint64, b *batch) error {
 	ctx, span := st.startSpan(h, "supersede")
 	defer span.End()
 	span.SetAttributes(attribute.String("steward.result", resultSuperseded), attribute.String("steward.superseded_by", byID))
@@ -62,8 +64,8 @@ func (st *settler) supersede(h *held, byID string, bySeq uint64, b *batch) bool 
 	if !ok {
 		var err error
 		if cp, rev, _, err = st.cps.forLane(ctx, h); err != nil {
-			log.Warn().Err(err).Msg("a superseded event could not be settled; trying again")
-			return false
+			log.Warn().Err(err).Msg("a superseded event could not be settled; trying again after a backoff")
+			return err
 		}
 	}
 	if h.handled == "" {
@@ -76,15 +78,14 @@ func (st *settler) supersede(h *held, byID string, bySeq uint64, b *batch) bool 
 			SupersededBy: byID, SupersededBySequence: bySeq,
 			Reason: "superseded by " + byID,
 		}); err != nil {
-			// The newer event carries the key's state, so a
-			// missing outcome is logged, not retried.
-			log.Warn().Err(err).Msg("the superseded outcome could not be published")
+			log.Warn().Err(err).Msg("the superseded outcome could not be published; superseding again after a backoff")
+			return err
 		}
 		log.Info().Str("superseded_by", byID).Uint64("superseded_by_seq", bySeq).Msg("event superseded by a newer one of its key")
 	}
 	b.starting(st.now())
 	b.add(h, resultSuperseded, cp, rev)
-	return true
+	return nil
 }
 
 // recordRun writes the checkpoint of b, a lane's run of settled events, and

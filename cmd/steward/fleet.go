@@ -77,6 +77,7 @@ the site, with how the hub's consumer for the site drained. The bus is open.`,
 	fs.StringVar(&o.ServerBin, "nats-server", "", "a nats-server binary to run (empty: this binary's embedded nats-server)")
 	fs.IntVar(&o.Sites, "sites", 0, "run the instances split over this many sites behind leaf nodes, and as many at the hub (at least 1)")
 	fs.IntVar(&o.Queued, "queued", 10_000, "with --sites: events published for site-1 while its link is cut")
+	fs.IntVar(&o.KillLeafAt, "kill-leaf-at", 0, "with --sites: SIGKILL site-1's leaf node once this many queued events are stored there during the catch-up, and start it again (0: never)")
 	fs.Var(readModeFlag{&o.ReadMode}, "read-mode", "how the instances read their events: consumer (a durable consumer each) or stream (from the stream, no consumer); with --sites, always stream")
 	return cmd
 }

@@ -59,6 +59,11 @@ type Options struct {
 	// Queued is how many events RunSites publishes for the site it cuts.
 	// Zero: 10,000.
 	Queued int
+	// KillLeafAt, when positive, has RunSites SIGKILL the cut site's leaf
+	// node once that many of the queued events are stored there, during
+	// the catch-up, and start it again at once: what a leaf that dies
+	// before it has flushed the events it sourced does to the catch-up.
+	KillLeafAt int
 	// Progress, when set, is told what the bench is doing.
 	Progress func(format string, args ...any)
 }

@@ -60,6 +60,19 @@ type SitesResult struct {
 	// those never settled.
 	Results map[string]int
 	Lost    int
+	// LeafKilled is when, from the heal, the cut site's leaf node was
+	// SIGKILLed and started again (Options.KillLeafAt), zero if it was
+	// not; StoredAtKill is how many queued events it had stored then.
+	LeafKilled   time.Duration
+	StoredAtKill int
+	// AppliedTwice and Backwards count, over every instance, an event
+	// applied a second time and one applied after a newer version of its
+	// hive: both must stay zero.
+	AppliedTwice, Backwards int
+	// ExtraOutcomes counts the outcomes the cut site stored during the
+	// catch-up beyond one an event (ExtraOutcomeExample names one).
+	ExtraOutcomes       int
+	ExtraOutcomeExample string
 	// HubCPU, SiteCPU and BenchCPU are the CPU, in cores, the hub's
 	// process, the cut site's leaf node and this process (every instance
 	// and the bench) used from the heal until the site caught up.
@@ -128,7 +141,12 @@ func (r SitesResult) String() string {
 	fmt.Fprintf(&b, "cut of %-20s%d events published at the hub during the cut; the hub held %d pending for the site\n", r.CutSite, r.Queued, r.PendingInCut)
 	fmt.Fprintf(&b, "after the heal             relinked %v, all stored at the site %v, all settled %v (%.0f events/s)\n",
 		r.Relinked.Round(time.Millisecond), r.Stored.Round(time.Millisecond), r.CaughtUp.Round(time.Millisecond), r.Rate())
-	fmt.Fprintf(&b, "CPU during the catch-up    hub %.2f cores, %s's leaf node %.2f, the instances' process %.2f\n", r.HubCPU, r.CutSite, r.SiteCPU, r.BenchCPU)
+	if r.LeafKilled > 0 {
+		fmt.Fprintf(&b, "leaf node killed           SIGKILLed %v after the heal with %d queued events stored, and started again\n", r.LeafKilled.Round(time.Millisecond), r.StoredAtKill)
+		fmt.Fprintf(&b, "CPU during the catch-up    hub %.2f cores, the instances' process %.2f (the leaf's own was split by its restart)\n", r.HubCPU, r.BenchCPU)
+	} else {
+		fmt.Fprintf(&b, "CPU during the catch-up    hub %.2f cores, %s's leaf node %.2f, the instances' process %.2f\n", r.HubCPU, r.CutSite, r.SiteCPU, r.BenchCPU)
+	}
 	fmt.Fprintf(&b, "%s's writes            %d events stored, %d outcomes, %d bucket writes: %.1f writes an event\n",
 		r.CutSite, r.SiteWrites.Events, r.SiteWrites.Outcomes, r.SiteWrites.Bucket, r.SiteWrites.PerEvent())
 	var results []string
@@ -136,7 +154,12 @@ func (r SitesResult) String() string {
 		results = append(results, fmt.Sprintf("%s %d", k, n))
 	}
 	slices.Sort(results)
-	fmt.Fprintf(&b, "queued events settled      %s; lost %d\n", strings.Join(results, ", "), r.Lost)
+	fmt.Fprintf(&b, "queued events settled      %s; lost %d, applied twice %d, backwards %d\n", strings.Join(results, ", "), r.Lost, r.AppliedTwice, r.Backwards)
+	fmt.Fprintf(&b, "outcomes at %-15sone an event and %d more", r.CutSite, r.ExtraOutcomes)
+	if r.ExtraOutcomeExample != "" {
+		fmt.Fprintf(&b, " (%s)", r.ExtraOutcomeExample)
+	}
+	fmt.Fprintln(&b)
 	fmt.Fprintf(&b, "catch-up (from the heal)   %8s %6s %8s %11s %7s %8s\n", "at", "linked", "pending", "unconfirmed", "stored", "settled")
 	// At most maxSampleRows rows, the last always among them.
 	step := (len(r.Samples) + maxSampleRows - 1) / maxSampleRows
@@ -162,10 +185,29 @@ const (
 	maxSampleRows = 40
 )
 
-// settlements are the settled events of a run, by event id.
+// settlements are the settled events of a run, by event id, and what the
+// instances applied, by hive.
 type settlements struct {
 	mu sync.Mutex
 	at map[string]settled
+	// newest is the newest version applied of each hive; twice and
+	// backwards count applies of a version at or below it.
+	newest           map[string]uint64
+	twice, backwards int
+}
+
+// applied notes that hive's version was applied.
+func (s *settlements) applied(hive string, version uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch newest, ok := s.newest[hive]; {
+	case ok && version == newest:
+		s.twice++
+	case ok && version < newest:
+		s.backwards++
+	default:
+		s.newest[hive] = version
+	}
 }
 
 type settled struct {
@@ -346,7 +388,7 @@ func RunSites(ctx context.Context, o Options) (SitesResult, error) {
 		}
 		return r.Version, nil
 	}
-	book := &settlements{at: map[string]settled{}}
+	book := &settlements{at: map[string]settled{}, newest: map[string]uint64{}}
 	reg := prometheus.NewRegistry()
 	newInstance := func(js jetstream.JetStream, hive, domain string) (*workers.Runtime, error) {
 		spec := workers.Spec{
@@ -360,9 +402,11 @@ func RunSites(ctx context.Context, o Options) (SitesResult, error) {
 			opts = append(opts, workers.WithDomain(domain))
 		}
 		return workers.New(js, spec, workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
-			if _, err := rank(ctx, d); err != nil {
+			version, err := rank(ctx, d)
+			if err != nil {
 				return workers.Refused(err)
 			}
+			book.applied(d.Key, version)
 			return d.Emit(ctx, "applied", map[string]any{"hive": d.Key})
 		}), opts...)
 	}
@@ -399,7 +443,11 @@ func RunSites(ctx context.Context, o Options) (SitesResult, error) {
 		return res, err
 	}
 	cpu := []func() (time.Duration, error){hub.CPU, leaves[0].CPU, func() (time.Duration, error) { return processCPU(os.Getpid()) }}
-	return res, catchUp(ctx, o, hubJSs, siteJSs[0][0], proxies[0], cpu, priv, hives[0], book, &res)
+	err = catchUp(ctx, o, hubJSs, siteJSs[0][0], proxies[0], leaves[0], cpu, priv, hives[0], book, &res)
+	book.mu.Lock()
+	res.AppliedTwice, res.Backwards = book.twice, book.backwards
+	book.mu.Unlock()
+	return res, err
 }
 
 // sitesBurst publishes version 1 of every hive, at the hub and at the
@@ -477,8 +525,10 @@ func latencyOf(lat []time.Duration, last time.Duration) Latency {
 // catchUp cuts site's link (proxy), publishes o.Queued rotations for its
 // hives at the hub (versions 2 on, round-robin over the hives), heals the
 // link and follows the site until each is settled, reading the CPU of the
-// hub, the site and this process (cpu, in that order) over it.
-func catchUp(ctx context.Context, o Options, hubJSs []jetstream.JetStream, siteJS jetstream.JetStream, proxy *LinkProxy, cpu []func() (time.Duration, error), key ed25519.PrivateKey, hives []string, book *settlements, res *SitesResult) error {
+// hub, the site and this process (cpu, in that order) over it; with
+// o.KillLeafAt it SIGKILLs the site's leaf node on the way and starts it
+// again.
+func catchUp(ctx context.Context, o Options, hubJSs []jetstream.JetStream, siteJS jetstream.JetStream, proxy *LinkProxy, leaf *Node, cpu []func() (time.Duration, error), key ed25519.PrivateKey, hives []string, book *settlements, res *SitesResult) error {
 	site := siteName(0)
 	res.CutSite = site
 	hubJS := hubJSs[0]
@@ -582,6 +632,14 @@ func catchUp(ctx context.Context, o Options, hubJSs []jetstream.JetStream, siteJ
 		if s.Stored >= o.Queued && res.Stored == 0 {
 			res.Stored = s.At
 		}
+		if o.KillLeafAt > 0 && res.LeafKilled == 0 && s.Stored >= o.KillLeafAt {
+			o.Progress("SIGKILLing %s's leaf node with %d queued events stored, and starting it again", site, s.Stored)
+			leaf.Kill()
+			if err := leaf.Start(); err != nil {
+				return fmt.Errorf("start %s's leaf node again: %w", site, err)
+			}
+			res.LeafKilled, res.StoredAtKill = time.Since(healed), s.Stored
+		}
 		if s.Settled == o.Queued {
 			break
 		}
@@ -608,6 +666,9 @@ func catchUp(ctx context.Context, o Options, hubJSs []jetstream.JetStream, siteJ
 		}
 	}
 	res.SiteWrites = SiteWrites{Events: after[0] - before[0], Outcomes: after[1] - before[1], Bucket: after[2] - before[2]}
+	if res.ExtraOutcomes, res.ExtraOutcomeExample, err = extraOutcomes(wctx, siteJS, before[1]+1, after[1]); err != nil {
+		return fmt.Errorf("read %s's outcomes: %w", site, err)
+	}
 	// The last settlement's own time, not the sample's.
 	var last int64
 	for _, id := range ids {
@@ -623,6 +684,59 @@ func catchUp(ctx context.Context, o Options, hubJSs []jetstream.JetStream, siteJ
 		res.Stored = res.CaughtUp
 	}
 	return nil
+}
+
+// extraOutcomes reads the outcomes stored at sequences first to last of
+// siteJS's STEWARD_OUTCOMES and counts those beyond the first of each
+// event (by causation id), naming one.
+func extraOutcomes(ctx context.Context, siteJS jetstream.JetStream, first, last uint64) (int, string, error) {
+	if last < first {
+		return 0, "", nil
+	}
+	c, err := siteJS.OrderedConsumer(ctx, events.StreamOutcomes, jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: first, InactiveThreshold: 5 * time.Second,
+	})
+	if err != nil {
+		return 0, "", err
+	}
+	seen := map[string]string{}
+	extra, example := 0, ""
+	for {
+		batch, err := c.FetchNoWait(1000)
+		if err != nil {
+			return 0, "", err
+		}
+		var seq uint64
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			meta, err := m.Metadata()
+			if err != nil {
+				return 0, "", err
+			}
+			seq = meta.Sequence.Stream
+			if seq > last {
+				break
+			}
+			e, err := events.Decode(m.Headers(), m.Data())
+			if err != nil {
+				return 0, "", fmt.Errorf("outcome at %d: %w", seq, err)
+			}
+			cause, _ := e.Extensions()["causationid"].(string)
+			if was, ok := seen[cause]; ok {
+				extra++
+				example = fmt.Sprintf("%s: %s, then %s (%s)", cause, was, e.ID(), e.Type())
+				continue
+			}
+			seen[cause] = e.ID()
+		}
+		if batch.Error() != nil {
+			return 0, "", batch.Error()
+		}
+		if n == 0 || seq >= last {
+			return extra, example, nil
+		}
+	}
 }
 
 // connectAll opens n connections to url, each with the JetStream of
