@@ -52,6 +52,7 @@ var kinds = []Kind{
 	{Type: TypeHostFloorPublished, Subject: EventsPrefix + ".hostfloor.published", KeyField: "deployment"},
 	{Type: TypeCredentialRotated, Subject: EventsPrefix + ".credential.rotated", KeyInSubject: true, KeyField: "hive"},
 	{Type: TypeGrantChanged, Subject: EventsPrefix + ".grant.changed", KeyInSubject: true, KeyField: "machine"},
+	{Type: TypeSiteMembership, Subject: EventsPrefix + ".site.membership", KeyInSubject: true, KeyField: "site"},
 }
 
 // Kinds lists every event type Steward knows, in catalog order.

@@ -2,8 +2,10 @@ package events
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -52,6 +54,10 @@ type Site struct {
 	// Boxes, Hives and Machines are the keys whose events the site
 	// receives: join's boxes, credential's hives, provision's machines.
 	Boxes, Hives, Machines []string
+	// Generation is the generation of the signed membership the keys come
+	// from (Membership.SiteOf), recorded on the hub's consumer; 0 for keys
+	// given by hand, which keep the generation recorded before.
+	Generation uint64
 }
 
 // Check refuses a site whose name or hub domain is no single subject token,
@@ -182,7 +188,17 @@ func SiteConsumerConfig(s Site) jetstream.ConsumerConfig {
 		IdleHeartbeat:  time.Second,
 		MaxAckPending:  siteMaxAckPending,
 		FilterSubjects: s.EventSubjects(),
+		Metadata:       s.consumerMetadata(),
 	}
+}
+
+// consumerMetadata records the membership generation the site's filters
+// come from, so the next set-up can refuse one lower (no rollback).
+func (s Site) consumerMetadata() map[string]string {
+	if s.Generation == 0 {
+		return nil
+	}
+	return map[string]string{MembershipGenerationKey: strconv.FormatUint(s.Generation, 10)}
 }
 
 // SiteOfConsumer returns the site a consumer of the hub's STEWARD_EVENTS
@@ -276,6 +292,9 @@ func SetupSite(ctx context.Context, siteJS, hubJS jetstream.JetStream, cfg BusCo
 	if cfg.CheckpointMaxBytes < 1 || cfg.CheckpointMaxValueSize < 1 {
 		return fmt.Errorf("checkpoint max bytes %d and max value size %d: want both positive", cfg.CheckpointMaxBytes, cfg.CheckpointMaxValueSize)
 	}
+	if err := keepGenerationFloor(ctx, hubJS, &s); err != nil {
+		return err
+	}
 	// The hub's consumer first: the site's source resets it, and finds
 	// nothing to reset before it exists.
 	if _, err := hubJS.CreateOrUpdatePushConsumer(ctx, StreamEvents, SiteConsumerConfig(s)); err != nil {
@@ -297,6 +316,33 @@ func SetupSite(ctx context.Context, siteJS, hubJS jetstream.JetStream, cfg BusCo
 		if err := addHubSource(ctx, hubJS, name, s.Name); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// ErrMembershipRollback says a membership's generation is lower than the
+// one the site's filters were set up from.
+var ErrMembershipRollback = errors.New("membership generation lower than the one applied")
+
+// keepGenerationFloor reads the generation the hub's consumer for s
+// records: a membership below it is refused (an old signed membership,
+// replayed, would hand keys back to a site they were moved from), and keys
+// given by hand (generation 0) keep it, so an unsigned set-up does not
+// lower the floor a signed one set.
+func keepGenerationFloor(ctx context.Context, hubJS jetstream.JetStream, s *Site) error {
+	c, err := hubJS.Consumer(ctx, StreamEvents, SiteConsumer(s.Name))
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("site %s: read the hub's consumer %s for the membership generation it records: %w", s.Name, SiteConsumer(s.Name), err)
+	}
+	applied := AppliedGeneration(c.CachedInfo().Config)
+	switch {
+	case s.Generation == 0:
+		s.Generation = applied
+	case s.Generation < applied:
+		return fmt.Errorf("site %s: %w: the membership found is generation %d and the site's filters were set up from generation %d (the hub's consumer %s records it), so the site's filters were not changed; publish the site's membership again with a generation above %d", s.Name, ErrMembershipRollback, s.Generation, applied, SiteConsumer(s.Name), applied)
 	}
 	return nil
 }
