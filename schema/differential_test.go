@@ -88,6 +88,10 @@ var differentialSeeds = []struct {
 	{"invitation.written", `{"box":"b","envelope":{"payload":"e30=","payloadType":"application/vnd.steward.invitation.v1+json","signatures":[{"sig":"AA=="}]},"envelope":{}}`},
 	{"hostfloor.published", `{"deployment":"prod","envelope":{"payload":"e30=","payloadType":"application/vnd.steward.hostfloor.v1+json","signatures":[{"keyid":"k","sig":"AA=="}]}}`},
 	{"hostfloor.published", `{"deployment":"` + strings.Repeat("a", 64) + `","envelope":null}`},
+	{"site.membership", `{"site":"site-a","envelope":{"payload":"e30=","payloadType":"application/vnd.steward.sitemembership.v1+json","signatures":[{"keyid":"k","sig":"AA=="}]}}`},
+	{"site.membership", `{"site":"site.a","envelope":{"payload":"","payloadType":"application/vnd.steward.grant.v1+json","signatures":[]},"generation":1}`},
+	{"site.membership", `{"site":"site-a"}`},
+	{"site.membership", `{"site":"site-a","envelope":{"payload":"e30=","payloadType":"application/vnd.steward.sitemembership.v1+json","signatures":[{"sig":"AA==","x":1}],"y":2},"site":"*"}`},
 }
 
 func TestGeneratedValidatorsAgreeWithTheOracle(t *testing.T) {

@@ -15,6 +15,10 @@ func TestValidateNamesFieldAndRule(t *testing.T) {
 		{"bad key", "dev.steward.invitation.written.v1", `{"box":"../etc","envelope":{"payload":"e30=","payloadType":"application/vnd.steward.invitation.v1+json","signatures":[{"sig":"AA=="}]}}`, []string{"/box", "pattern"}},
 		{"wrong type", "dev.steward.grant.changed.v1", `{"machine":"m","requirement":"postgres","generation":"1","given":[]}`, []string{"/generation", "integer"}},
 		{"wrong requirement", "dev.steward.grant.changed.v1", `{"machine":"m","requirement":"mysql","generation":1,"given":[]}`, []string{"/requirement"}},
+		{"membership: unknown field", "dev.steward.site.membership.v1", `{"site":"site-a","generation":1,"envelope":{"payload":"e30=","payloadType":"application/vnd.steward.sitemembership.v1+json","signatures":[{"sig":"AA=="}]}}`, []string{"/", "generation", "additional"}},
+		{"membership: bad site", "dev.steward.site.membership.v1", `{"site":"site.a","envelope":{"payload":"e30=","payloadType":"application/vnd.steward.sitemembership.v1+json","signatures":[{"sig":"AA=="}]}}`, []string{"/site", "pattern"}},
+		{"membership: unsigned", "dev.steward.site.membership.v1", `{"site":"site-a"}`, []string{"/", "envelope", "missing"}},
+		{"membership: a grant's envelope", "dev.steward.site.membership.v1", `{"site":"site-a","envelope":{"payload":"e30=","payloadType":"application/vnd.steward.grant.v1+json","signatures":[{"sig":"AA=="}]}}`, []string{"/envelope/payloadType"}},
 		{"broken json", "dev.steward.release.published.v1", `{"version":`, []string{"not valid JSON"}},
 	}
 	for _, tc := range cases {

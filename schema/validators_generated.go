@@ -11,6 +11,7 @@ var types = []string{
 	"dev.steward.hostfloor.published.v1",
 	"dev.steward.invitation.written.v1",
 	"dev.steward.release.published.v1",
+	"dev.steward.site.membership.v1",
 }
 
 // validate checks data of type typ, reporting false for a type with no
@@ -27,6 +28,8 @@ func validate(typ string, s *scanner, at *loc) bool {
 		checkInvitationWrittenV1(s, at)
 	case "dev.steward.release.published.v1":
 		checkReleasePublishedV1(s, at)
+	case "dev.steward.site.membership.v1":
+		checkSiteMembershipV1(s, at)
 	default:
 		return false
 	}
@@ -1460,6 +1463,193 @@ func checkReleasePublishedV1(s *scanner, at *loc) {
 	var missing []string
 	if seen&(1<<1) == 0 {
 		missing = append(missing, "version")
+	}
+	if missing != nil {
+		s.problem(at, missingRule(missing))
+	}
+	if extra != nil {
+		s.problem(at, extraRule(extra))
+	}
+}
+
+// checkSiteMembershipV1EnvelopePayloadType checks /envelope/payloadType of site.membership.v1, and any value whose schema is the same.
+func checkSiteMembershipV1EnvelopePayloadType(s *scanner, at *loc) {
+	if t := s.peek(); t != typeString {
+		if t != typeNone {
+			s.wrongType(at, t, "string")
+		}
+		return
+	}
+	v := s.str()
+	if s.bad {
+		return
+	}
+	if string(v) != "application/vnd.steward.sitemembership.v1+json" {
+		s.problem(at, "value must be 'application/vnd.steward.sitemembership.v1+json'")
+		return
+	}
+}
+
+// checkSiteMembershipV1Envelope checks /envelope of site.membership.v1, and any value whose schema is the same.
+func checkSiteMembershipV1Envelope(s *scanner, at *loc) {
+	if t := s.peek(); t != typeObject {
+		if t != typeNone {
+			s.wrongType(at, t, "object")
+		}
+		return
+	}
+	start, before, got := s.pos, len(s.problems), s.got
+	var seen, dup uint64
+	var extra []string
+	s.enter()
+	for more := s.first('}'); more && !s.bad; more = s.next('}') {
+		switch k := s.key(); string(k) {
+		case "payload":
+			dup |= seen & (1 << 0)
+			seen |= 1 << 0
+			checkCredentialRotatedV1EnvelopePayload(s, &loc{up: at, name: "payload"})
+		case "payloadType":
+			dup |= seen & (1 << 1)
+			seen |= 1 << 1
+			checkSiteMembershipV1EnvelopePayloadType(s, &loc{up: at, name: "payloadType"})
+		case "signatures":
+			dup |= seen & (1 << 2)
+			seen |= 1 << 2
+			checkCredentialRotatedV1EnvelopeSignatures(s, &loc{up: at, name: "signatures"})
+		default:
+			extra = s.extra(extra, k)
+			s.skip()
+		}
+	}
+	s.depth--
+	if dup != 0 && !s.bad {
+		end := s.pos
+		s.problems, s.got = s.problems[:before], got
+		var last [3]int
+		s.pos = start
+		s.enter()
+		for more := s.first('}'); more && !s.bad; more = s.next('}') {
+			switch string(s.key()) {
+			case "payload":
+				last[0] = s.pos
+			case "payloadType":
+				last[1] = s.pos
+			case "signatures":
+				last[2] = s.pos
+			}
+			s.skip()
+		}
+		s.depth--
+		if last[0] != 0 {
+			s.pos = last[0]
+			checkCredentialRotatedV1EnvelopePayload(s, &loc{up: at, name: "payload"})
+		}
+		if last[1] != 0 {
+			s.pos = last[1]
+			checkSiteMembershipV1EnvelopePayloadType(s, &loc{up: at, name: "payloadType"})
+		}
+		if last[2] != 0 {
+			s.pos = last[2]
+			checkCredentialRotatedV1EnvelopeSignatures(s, &loc{up: at, name: "signatures"})
+		}
+		s.pos = end
+	}
+	var missing []string
+	if seen&(1<<0) == 0 {
+		missing = append(missing, "payload")
+	}
+	if seen&(1<<1) == 0 {
+		missing = append(missing, "payloadType")
+	}
+	if seen&(1<<2) == 0 {
+		missing = append(missing, "signatures")
+	}
+	if missing != nil {
+		s.problem(at, missingRule(missing))
+	}
+	if extra != nil {
+		s.problem(at, extraRule(extra))
+	}
+}
+
+// checkSiteMembershipV1Site checks /site of site.membership.v1, and any value whose schema is the same.
+func checkSiteMembershipV1Site(s *scanner, at *loc) {
+	if t := s.peek(); t != typeString {
+		if t != typeNone {
+			s.wrongType(at, t, "string")
+		}
+		return
+	}
+	v := s.str()
+	if s.bad {
+		return
+	}
+	s.keep("site", v)
+	if !pattern2.match(v) {
+		s.problem(at, "does not match pattern \"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$\"")
+	}
+}
+
+// checkSiteMembershipV1 checks / of site.membership.v1, and any value whose schema is the same.
+func checkSiteMembershipV1(s *scanner, at *loc) {
+	if t := s.peek(); t != typeObject {
+		if t != typeNone {
+			s.wrongType(at, t, "object")
+		}
+		return
+	}
+	start, before, got := s.pos, len(s.problems), s.got
+	var seen, dup uint64
+	var extra []string
+	s.enter()
+	for more := s.first('}'); more && !s.bad; more = s.next('}') {
+		switch k := s.key(); string(k) {
+		case "envelope":
+			dup |= seen & (1 << 0)
+			seen |= 1 << 0
+			checkSiteMembershipV1Envelope(s, &loc{up: at, name: "envelope"})
+		case "site":
+			dup |= seen & (1 << 1)
+			seen |= 1 << 1
+			checkSiteMembershipV1Site(s, &loc{up: at, name: "site"})
+		default:
+			extra = s.extra(extra, k)
+			s.skip()
+		}
+	}
+	s.depth--
+	if dup != 0 && !s.bad {
+		end := s.pos
+		s.problems, s.got = s.problems[:before], got
+		var last [2]int
+		s.pos = start
+		s.enter()
+		for more := s.first('}'); more && !s.bad; more = s.next('}') {
+			switch string(s.key()) {
+			case "envelope":
+				last[0] = s.pos
+			case "site":
+				last[1] = s.pos
+			}
+			s.skip()
+		}
+		s.depth--
+		if last[0] != 0 {
+			s.pos = last[0]
+			checkSiteMembershipV1Envelope(s, &loc{up: at, name: "envelope"})
+		}
+		if last[1] != 0 {
+			s.pos = last[1]
+			checkSiteMembershipV1Site(s, &loc{up: at, name: "site"})
+		}
+		s.pos = end
+	}
+	var missing []string
+	if seen&(1<<1) == 0 {
+		missing = append(missing, "site")
+	}
+	if seen&(1<<0) == 0 {
+		missing = append(missing, "envelope")
 	}
 	if missing != nil {
 		s.problem(at, missingRule(missing))
