@@ -52,7 +52,10 @@ the plaintext never travels (credential.rotated).
 With --signing-key (the controller's ed25519 private key, steward keys --kind
 controller) every credential.rotated and grant.changed event is signed after
 it is validated: a DSSE envelope naming the hive or machine and binding every
-field, the secrets by their ciphertext's SHA-256. The key signs only desired
+field, the secrets by their ciphertext's SHA-256. A site.membership record's
+data is the site's whole membership, {site, generation, boxes, hives,
+machines}; it is checked (keys, no key twice, a positive generation) and
+signed, and the event carries {site, envelope} (steward site setup reads it). The key signs only desired
 state handed to it as such: with --file, each line must be a record of
 {type, key, data} and nothing else (the controller's own source of truth),
 never an exported stream (id, source, time) nor data that already holds an
@@ -68,7 +71,9 @@ second.`,
   steward publish --type dev.steward.credential.rotated.v1 \
     --data '{"hive":"dev","version":2,"clientId":"client-2"}' \
     --secret-file ./secret.txt --recipient ./age.pub --signing-key ./controller.key
-  steward publish --file desired.jsonl --signing-key ./controller.key --yes`,
+  steward publish --file desired.jsonl --signing-key ./controller.key --yes
+    # a line of desired.jsonl naming site a's keys:
+    # {"type":"dev.steward.site.membership.v1","key":"site-a","data":{"site":"site-a","generation":2,"boxes":[],"hives":["hive-1"],"machines":["db-1"]}}`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var list []event.Event
@@ -97,6 +102,14 @@ second.`,
 			}
 			p := publisher.New(nil, publisher.WithSource(cliSource))
 			for i := range list {
+				if signer != nil && signing.SignedFromRecord(list[i].Type()) {
+					// The record is not the event's data but what the
+					// signature holds; signing checks it and makes the
+					// data, which Prepare then validates.
+					if list[i], err = signer.Sign(cmd.Context(), list[i]); err != nil {
+						return fmt.Errorf("--signing-key (nothing was published): %w", err)
+					}
+				}
 				if _, err := p.Prepare(&list[i]); err != nil {
 					if len(list) > 1 {
 						return fmt.Errorf("event %d of %s (nothing was published): %w", i+1, f.file, err)
@@ -156,7 +169,7 @@ second.`,
 	fs.StringVar(&f.file, "file", "", "publish every event of this JSONL file instead (JSON event format, one per line)")
 	fs.StringVar(&f.secretFile, "secret-file", "", "encrypt this file's content to --recipient and set it as data.secret")
 	fs.StringVar(&f.recipient, "recipient", "", "the age recipient (age1...) for --secret-file, or a file holding it")
-	fs.StringVar(&f.signingKey, "signing-key", "", "the controller's ed25519 private key (PEM) that signs credential.rotated and grant.changed; with --file, the file holds {type, key, data} records only")
+	fs.StringVar(&f.signingKey, "signing-key", "", "the controller's ed25519 private key (PEM) that signs credential.rotated, grant.changed and site.membership; with --file, the file holds {type, key, data} records only")
 	fs.BoolVar(&f.yes, "yes", false, "with --file and --signing-key: sign and publish the records listed")
 	return cmd
 }
@@ -277,7 +290,7 @@ func (f *publishFlags) desired() ([]event.Event, error) {
 		if err := json.Unmarshal(rec["data"], &data); err != nil || data == nil {
 			return nil, fmt.Errorf("--file %s line %d: data is not a JSON object. Nothing was signed or published", f.file, n)
 		}
-		if _, ok := data["envelope"]; ok && signing.MustSign(typ) {
+		if _, ok := data["envelope"]; ok && (signing.MustSign(typ) || signing.SignedFromRecord(typ)) {
 			return nil, fmt.Errorf("--file %s line %d: data has an envelope: desired state is handed to the key unsigned (rule: a record that already carries a signature was copied from somewhere, not written by its author). Nothing was signed or published", f.file, n)
 		}
 		e := event.New()
@@ -307,7 +320,7 @@ func summarize(w io.Writer, list []event.Event) error {
 			Generation json.RawMessage `json:"generation"`
 		}
 		_ = json.Unmarshal(e.Data(), &d)
-		t.row(shortType(e.Type()), e.Subject(), strings.Trim(string(d.Version), `"`), string(d.Generation), fmt.Sprint(signing.MustSign(e.Type())))
+		t.row(shortType(e.Type()), e.Subject(), strings.Trim(string(d.Version), `"`), string(d.Generation), fmt.Sprint(signing.MustSign(e.Type()) || signing.SignedFromRecord(e.Type())))
 	}
 	return t.flush()
 }

@@ -37,6 +37,15 @@ var SignedTypes = []string{events.TypeCredentialRotated, events.TypeGrantChanged
 // controller.
 func MustSign(typ string) bool { return slices.Contains(SignedTypes, typ) }
 
+// SignedFromRecord reports whether events of type typ are signed by the
+// controller from a record of another shape than the event's data (a site
+// membership: the record lists the keys, the data holds only the
+// envelope). They are signed by the operator alone (steward publish
+// --signing-key --file), never by an ingress or the console: which site
+// hears which key is not a token holder's to say, so they are not in
+// SignedTypes.
+func SignedFromRecord(typ string) bool { return typ == events.TypeSiteMembership }
+
 // The rules an unverified desired state breaks, as the workers' refused
 // outcomes name them.
 const (
@@ -129,6 +138,10 @@ func signPayload(key crypto.Signer, payloadType string, v any) (dsse.Envelope, e
 // set (any it held is replaced) and the data written back. Events of other
 // types are returned as they are. Validate the event first: SignEvent
 // signs whatever field values it is given.
+//
+// A site.membership event's data is a MembershipRecord, which SignEvent
+// checks itself and turns into {site, envelope}: its signed data has
+// another shape, so it is validated after signing (SignedFromRecord).
 func SignEvent(key crypto.Signer, e event.Event) (event.Event, error) {
 	var data any
 	switch e.Type() {
@@ -148,6 +161,12 @@ func SignEvent(key crypto.Signer, e event.Event) (event.Event, error) {
 			return e, fmt.Errorf("event %s: the data of %s cannot be signed as it is read: %w", e.ID(), e.Type(), err)
 		}
 		signed, err := SignGrant(key, g)
+		if err != nil {
+			return e, fmt.Errorf("event %s: %w", e.ID(), err)
+		}
+		data = signed
+	case events.TypeSiteMembership:
+		signed, err := signMembershipRecord(key, e.Subject(), e.Data())
 		if err != nil {
 			return e, fmt.Errorf("event %s: %w", e.ID(), err)
 		}
