@@ -17,6 +17,7 @@ import (
 	"github.com/steward-dev/steward/internal/atomicfile"
 	"github.com/steward-dev/steward/internal/leafnode"
 	"github.com/steward-dev/steward/internal/ops"
+	"github.com/steward-dev/steward/internal/signing"
 )
 
 // siteSetupTimeout bounds `steward site setup`: a site whose leaf node is
@@ -100,6 +101,7 @@ func newSiteSetupCmd(g *globals) *cobra.Command {
 	var (
 		site                         events.Site
 		keysFile, siteURL            string
+		controllerKeys               string
 		cfg                          = events.DefaultBusConfig(1)
 		maxBytes, dlqMax, cpMaxBytes int64
 	)
@@ -108,9 +110,8 @@ func newSiteSetupCmd(g *globals) *cobra.Command {
 		Short: "Create or update site NAME's streams and bucket, and the hub's sources of its outcomes",
 		Long: `Run as the operator against the hub (--nats-url, --nats-creds): in site NAME's
 domain, create or update STEWARD_EVENTS sourcing the hub's through the hub's
-durable consumer site-NAME (created here), filtered to the site's keys
-(--boxes, --hives, --machines, --keys-file) and the subjects every site needs,
-with no subjects of its own; STEWARD_OUTCOMES, STEWARD_DLQ and the
+durable consumer site-NAME (created here), filtered to the site's keys and the
+subjects every site needs, with no subjects of its own; STEWARD_OUTCOMES, STEWARD_DLQ and the
 checkpoint bucket; and at the hub add the site's outcomes and dead letters as
 sources of its STEWARD_OUTCOMES and STEWARD_DLQ. The site's leaf node must be
 linked. Run it again to change the site's keys: the filters are replaced, and a
@@ -123,11 +124,36 @@ credentials. On the closed bus it is required: the site's leaf identity lets
 the hub only read a site's JetStream, never change it, so that no answer
 reflected at the hub becomes a change at a site (docs/design.md §7).
 
---keys-file holds one key a line, "box NAME", "hive NAME" or "machine NAME";
-'#' starts a comment.`,
+The site's keys come from its membership, which the controller signs: the
+newest site.membership event for NAME in the hub's STEWARD_EVENTS (published
+with steward publish --signing-key), verified with --controller-key. It is
+refused, and nothing changed, when it does not verify, when it names another
+site, when a key of it is in another site's newest membership (a key belongs
+to one site: publish the other site's membership without it first), or when
+its generation is below the one the site's filters were set up from (the
+hub's consumer records it; the same generation again is a no-op re-run).
+
+--boxes, --hives, --machines and --keys-file are the unsigned way, for an
+open bus or a first set-up: whoever runs the command decides the site's keys,
+and nothing stops two sites from claiming one. --keys-file holds one key a
+line, "box NAME", "hive NAME" or "machine NAME"; '#' starts a comment.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			site.Name = args[0]
+			fromMembership := keysFile == "" && !cmd.Flags().Changed("boxes") && !cmd.Flags().Changed("hives") && !cmd.Flags().Changed("machines")
+			var keys *signing.KeySet
+			if fromMembership {
+				if controllerKeys == "" {
+					return fmt.Errorf("steward site setup: site %s: no keys given (--boxes, --hives, --machines, --keys-file), so they come from the site's signed membership, and --controller-key (STEWARD_CONTROLLER_KEY) is required to verify it; nothing was changed", site.Name)
+				}
+				var err error
+				if keys, err = signing.LoadEnvelopeKeys(controllerKeys); err != nil {
+					return fmt.Errorf("steward site setup: --controller-key: %w", err)
+				}
+				if err := events.CheckDomain(site.Name); err != nil {
+					return fmt.Errorf("steward site setup: site name: %w", err)
+				}
+			}
 			if keysFile != "" {
 				if err := readSiteKeys(keysFile, &site); err != nil {
 					return fmt.Errorf("steward site setup: %w", err)
@@ -144,6 +170,15 @@ reflected at the hub becomes a change at a site (docs/design.md §7).
 				return err
 			}
 			defer nc.Close()
+			if fromMembership {
+				hubDomain := site.HubDomain
+				if site, err = ops.MembershipSite(ctx, hubJS, keys, site.Name, hubDomain); err != nil {
+					return fmt.Errorf("steward site setup: %w", err)
+				}
+				if err := site.Check(); err != nil {
+					return fmt.Errorf("steward site setup: %w", err)
+				}
+			}
 			siteNC := nc
 			if siteURL != "" {
 				at := *g
@@ -163,6 +198,9 @@ reflected at the hub becomes a change at a site (docs/design.md §7).
 			sctx, cancel := context.WithTimeout(ctx, siteSetupTimeout)
 			defer cancel()
 			if err := setupSiteOnceLinked(sctx, siteJS, hubJS, cfg, site); err != nil {
+				if errors.Is(err, events.ErrMembershipRollback) {
+					return fmt.Errorf("steward site setup: %w", err)
+				}
 				hint := fmt.Sprintf("is the leaf node of site %s linked to this hub?", site.Name)
 				if siteURL == "" {
 					hint += " On the closed bus, give --site-url: the site's leaf identity lets the hub read a site's JetStream, not change it"
@@ -172,16 +210,20 @@ reflected at the hub becomes a change at a site (docs/design.md §7).
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "site %s: STEWARD_EVENTS sources %s's STEWARD_EVENTS through its consumer %s, on %d subjects (%d boxes, %d hives, %d machines)\n",
 				site.Name, site.HubDomain, events.SiteConsumer(site.Name), len(site.EventSubjects()), len(site.Boxes), len(site.Hives), len(site.Machines))
+			if fromMembership {
+				fmt.Fprintf(out, "site %s: keys from its signed membership, generation %d (recorded on the hub's consumer %s)\n", site.Name, site.Generation, events.SiteConsumer(site.Name))
+			}
 			fmt.Fprintf(out, "site %s: STEWARD_OUTCOMES, STEWARD_DLQ and bucket %s set up; the hub's STEWARD_OUTCOMES and STEWARD_DLQ source them\n", site.Name, events.CheckpointBucket)
 			return nil
 		},
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&site.HubDomain, "hub-domain", events.DefaultHubDomain, "the hub's JetStream domain (jetstream { domain } in its configuration)")
-	fs.StringSliceVar(&site.Boxes, "boxes", nil, "the site's boxes (join), comma-separated")
-	fs.StringSliceVar(&site.Hives, "hives", nil, "the site's hives (credential), comma-separated")
-	fs.StringSliceVar(&site.Machines, "machines", nil, "the site's machines (provision), comma-separated")
-	fs.StringVar(&keysFile, "keys-file", "", `file of the site's keys, one a line: "box NAME", "hive NAME" or "machine NAME"`)
+	fs.StringSliceVar(&site.Boxes, "boxes", nil, "unsigned (open bus, first set-up): the site's boxes (join), comma-separated")
+	fs.StringSliceVar(&site.Hives, "hives", nil, "unsigned (open bus, first set-up): the site's hives (credential), comma-separated")
+	fs.StringSliceVar(&site.Machines, "machines", nil, "unsigned (open bus, first set-up): the site's machines (provision), comma-separated")
+	fs.StringVar(&keysFile, "keys-file", "", `unsigned (open bus, first set-up): file of the site's keys, one a line: "box NAME", "hive NAME" or "machine NAME"`)
+	fs.StringVar(&controllerKeys, "controller-key", "", "the controller's ed25519 public keys (PEM) the site's membership is verified with, as the workers take them: one file with one or more PUBLIC KEY blocks, or files separated by commas; used when no keys are given")
 	fs.StringVar(&siteURL, "site-url", "", "the site's leaf node (nats://HOST:PORT): the site's streams are made there; required on the closed bus")
 	fs.Int64Var(&maxBytes, "max-bytes", events.DefaultMaxBytes, "bytes the site's STEWARD_EVENTS and STEWARD_OUTCOMES may each hold")
 	fs.Int64Var(&dlqMax, "dlq-max-bytes", events.DefaultDLQMaxBytes, "bytes the site's STEWARD_DLQ may hold")
