@@ -330,7 +330,7 @@ var ErrMembershipRollback = errors.New("membership generation lower than the one
 // given by hand (generation 0) keep it, so an unsigned set-up does not
 // lower the floor a signed one set.
 func keepGenerationFloor(ctx context.Context, hubJS jetstream.JetStream, s *Site) error {
-	c, err := hubJS.Consumer(ctx, StreamEvents, SiteConsumer(s.Name))
+	c, err := hubJS.PushConsumer(ctx, StreamEvents, SiteConsumer(s.Name))
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil
 	}
