@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -182,5 +183,33 @@ func publishData(t *testing.T, ctx context.Context, js jetstream.JetStream, site
 	}
 	if _, err := publisher.New(js, publisher.WithSource("/attacker")).Publish(ctx, e); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// No worker reads memberships and no site is sent them: they are the
+// operator's, read at the hub by site setup. A worker whose filter took
+// them in (an instance named like a site, a wildcard) would see
+// desired state that is not its own, and a site sourcing them would hold
+// every other site's keys.
+func TestNoWorkerOrSiteReadsMemberships(t *testing.T) {
+	membership := events.MembershipSubject("site-a")
+	for _, k := range kinds {
+		for _, instance := range []string{"site-a", "membership", "*"} {
+			spec := k.spec(instance)
+			for _, s := range spec.Subjects {
+				if server.SubjectsCollide(s, membership) || server.SubjectsCollide(s, events.MembershipSubjects()) {
+					t.Errorf("worker %s, instance %q: its filter %s takes in site memberships", k.name, instance, s)
+				}
+			}
+			if slices.Contains(spec.Types, events.TypeSiteMembership) {
+				t.Errorf("worker %s accepts %s", k.name, events.TypeSiteMembership)
+			}
+		}
+	}
+	s := events.Site{Name: "site-a", HubDomain: events.DefaultHubDomain, Boxes: []string{"site-a"}, Hives: []string{"site-a"}, Machines: []string{"site-a"}}
+	for _, f := range s.EventSubjects() {
+		if server.SubjectsCollide(f, events.MembershipSubjects()) {
+			t.Errorf("site filter %s sources memberships to the site", f)
+		}
 	}
 }

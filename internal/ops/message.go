@@ -73,7 +73,8 @@ type EnvelopeCheck struct {
 }
 
 // EnvelopeKeys are the key sets a reader checks envelopes with: the
-// controller's, which signs credential.rotated and grant.changed.
+// controller's, which signs credential.rotated, grant.changed and
+// site.membership.
 // Invitations (the console key) and host floors (the release key) are
 // verified where they apply, on the boxes; a reader here names their
 // signers' key ids only.
@@ -153,6 +154,8 @@ func (k EnvelopeKeys) Check(e event.Event) *EnvelopeCheck {
 		set, want, c.Keys = k.Controller, events.PayloadTypeRotation, "controller"
 	case events.TypeGrantChanged:
 		set, want, c.Keys = k.Controller, events.PayloadTypeGrant, "controller"
+	case events.TypeSiteMembership:
+		set, want, c.Keys = k.Controller, events.PayloadTypeMembership, "controller"
 	default:
 		c.Problem = "not checked here: the join worker verifies it on the box, with the console key (invitations) or the release key (host floors)"
 		return c
@@ -181,6 +184,11 @@ func (k EnvelopeKeys) Check(e event.Event) *EnvelopeCheck {
 		var data events.GrantChanged
 		if bindErr = json.Unmarshal(e.Data(), &data); bindErr == nil {
 			_, bindErr = signing.OpenGrant(set, data)
+		}
+	case events.TypeSiteMembership:
+		var data events.SiteMembership
+		if bindErr = json.Unmarshal(e.Data(), &data); bindErr == nil {
+			_, bindErr = signing.OpenMembership(set, data)
 		}
 	}
 	if bindErr != nil {
