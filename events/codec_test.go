@@ -18,12 +18,15 @@ func samples(t testing.TB) []event.Event {
 	env := dsse.Envelope{PayloadType: PayloadTypeInvitation, Payload: "e30=", Signatures: []dsse.Signature{{KeyID: "k", Sig: "AAAA"}}}
 	floor := env
 	floor.PayloadType = PayloadTypeHostFloor
+	membership := env
+	membership.PayloadType = PayloadTypeMembership
 	data := map[string]any{
 		TypeReleasePublished:   ReleasePublished{Version: "1.2.3-rc.1+build.5"},
 		TypeInvitationWritten:  InvitationWritten{Box: "box-7", Envelope: env},
 		TypeHostFloorPublished: HostFloorPublished{Deployment: "prod", Envelope: floor},
 		TypeCredentialRotated:  CredentialRotated{Hive: "hive_1", Version: 4, ClientID: "client-4", Secret: "-----BEGIN AGE ENCRYPTED FILE-----\nabc\n-----END AGE ENCRYPTED FILE-----\n"},
 		TypeGrantChanged:       GrantChanged{Machine: "db-1", Requirement: "postgres", Generation: 2, Given: []Given{{From: "app", Node: "n1", Values: GivenValues{Name: "app"}, Secret: "x"}}},
+		TypeSiteMembership:     SiteMembership{Site: "site-a", Envelope: membership},
 	}
 	var out []event.Event
 	for _, k := range Kinds() {
