@@ -143,15 +143,17 @@ line, "box NAME", "hive NAME" or "machine NAME"; '#' starts a comment.`,
 			fromMembership := keysFile == "" && !cmd.Flags().Changed("boxes") && !cmd.Flags().Changed("hives") && !cmd.Flags().Changed("machines")
 			var keys *signing.KeySet
 			if fromMembership {
+				// The name is checked first: no membership makes a bad
+				// name good.
+				if err := (events.Site{Name: site.Name, HubDomain: site.HubDomain}).Check(); err != nil {
+					return fmt.Errorf("steward site setup: %w", err)
+				}
 				if controllerKeys == "" {
 					return fmt.Errorf("steward site setup: site %s: no keys given (--boxes, --hives, --machines, --keys-file), so they come from the site's signed membership, and --controller-key (STEWARD_CONTROLLER_KEY) is required to verify it; nothing was changed", site.Name)
 				}
 				var err error
 				if keys, err = signing.LoadEnvelopeKeys(controllerKeys); err != nil {
 					return fmt.Errorf("steward site setup: --controller-key: %w", err)
-				}
-				if err := events.CheckDomain(site.Name); err != nil {
-					return fmt.Errorf("steward site setup: site name: %w", err)
 				}
 			}
 			if keysFile != "" {

@@ -132,6 +132,7 @@ func TestSiteCommandsRefuseBadInput(t *testing.T) {
 		{[]string{"site", "config", "site-a", "--hub-url", "nats-leaf://h:7422", "--store-dir", "/tmp/x", "--server-dir", "/tmp/a", "--account", "AXXX"}, "--leaf-creds"},
 		{[]string{"site", "setup", "hub", "--nats-url", "nats://127.0.0.1:1"}, "differ"},
 		{[]string{"site", "setup", "site-a", "--hives", "a.b", "--nats-url", "nats://127.0.0.1:1"}, "hive"},
+		{[]string{"site", "setup", "site-a", "--nats-url", "nats://127.0.0.1:1"}, "--controller-key"},
 	} {
 		r := run(t, nil, tc.args...)
 		if r.code == 0 || !strings.Contains(r.stderr, tc.want) {
