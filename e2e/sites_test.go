@@ -180,6 +180,13 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 	if err := events.SetupBus(ctx, b.js, cfg); err != nil {
 		t.Fatal(err)
 	}
+	// Each site's keys are its membership, signed by the controller and
+	// published at the hub as the operator does; site setup reads and
+	// verifies it (the one writer of which key is at which site).
+	memberKey, memberPub := filepath.Join(t.TempDir(), "controller.key"), filepath.Join(t.TempDir(), "controller.pub")
+	if err := signing.GenerateKeyPair(signing.Ed25519, memberKey, memberPub); err != nil {
+		t.Fatal(err)
+	}
 	hives, machines := map[string][]string{}, map[string][]string{}
 	for _, site := range []string{"site-a", "site-b"} {
 		for i := range perSite {
@@ -188,9 +195,22 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 		for i := range machinesPerSite {
 			machines[site] = append(machines[site], fmt.Sprintf("%s-db-%d", site, i+1))
 		}
-		runSteward(t, closed.operatorEnv(), "site", "setup", site, "--nats-url", hub.url(), "--site-url", leafOf[site].url(),
-			"--hives", strings.Join(hives[site], ","), "--machines", strings.Join(machines[site], ","),
+		rec, err := json.Marshal(map[string]any{"type": events.TypeSiteMembership, "key": site, "data": map[string]any{
+			"site": site, "generation": 1, "boxes": []string{}, "hives": hives[site], "machines": machines[site]}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		desired := filepath.Join(t.TempDir(), site+".jsonl")
+		if err := os.WriteFile(desired, append(rec, '\n'), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		runSteward(t, closed.operatorEnv(), "publish", "--nats-url", hub.url(), "--file", desired, "--signing-key", memberKey, "--yes")
+		out := runSteward(t, closed.operatorEnv(), "site", "setup", site, "--nats-url", hub.url(), "--site-url", leafOf[site].url(),
+			"--controller-key", memberPub,
 			"--max-bytes", fmt.Sprint(256<<20), "--dlq-max-bytes", fmt.Sprint(64<<20), "--checkpoint-max-bytes", fmt.Sprint(64<<20))
+		if want := fmt.Sprintf("%d hives, %d machines", len(hives[site]), len(machines[site])); !strings.Contains(out, want) {
+			t.Fatalf("site setup %s from its signed membership said %q; want its %s", site, out, want)
+		}
 	}
 
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
