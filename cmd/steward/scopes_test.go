@@ -176,6 +176,21 @@ func TestScopedTokensSignOnlyWithinTheirScope(t *testing.T) {
 		t.Fatalf("a release with the unscoped token: %d %q", code, out.Error)
 	}
 
+	// A site's membership never goes through an ingress: stored unsigned
+	// under the site's subject it would be believed nowhere, but it would
+	// stand as the site's newest message.
+	membership := `{"site":"site-a","envelope":{"payload":"e30=","payloadType":"application/vnd.steward.sitemembership.v1+json","signatures":[{"keyid":"k","sig":"c2ln"}]}}`
+	if code, out := r.post(r.legacy, events.TypeSiteMembership, "site-a", "m-1", membership); code != http.StatusForbidden || !strings.Contains(out.Error, "never through an ingress") || !strings.Contains(out.Error, "steward publish --file") {
+		t.Fatalf("a site membership through the ingress: %d %q; want 403 naming the operator's command", code, out.Error)
+	}
+	if _, found := lastStored[events.SiteMembership](t, r.js, events.MembershipSubject("site-a")); found {
+		t.Fatal("the ingress stored a site membership")
+	}
+	if res := run(t, nil, "token", "issue", "sites", "--dir", r.tokensDir, "--out", filepath.Join(t.TempDir(), "sites.token"), "--document-key", r.opKey,
+		"--types", "site.membership", "--keys", "site-a", "--window", "1"); res.code == 0 || !strings.Contains(res.stderr, "published by the operator alone") {
+		t.Fatalf("a token for site memberships: exit %d %q; want refused", res.code, res.stderr)
+	}
+
 	secret := r.issue("ci-east", "--types", "grant.changed", "--keys", "db-1,db-2", "--window", "5")
 	if strings.Contains(readAll(t, r.tokensDir), secret) {
 		t.Fatal("the token's secret is in its document")

@@ -21,11 +21,11 @@ import (
 var (
 	// ErrNoMembership: STEWARD_EVENTS holds no membership for the site.
 	ErrNoMembership = errors.New("no site.membership event")
-	// ErrMembershipNotBelieved: the site's newest membership does not
-	// verify with the controller keys, or its signed payload is not one.
-	ErrMembershipNotBelieved = errors.New("the newest site.membership event is not believed")
-	// ErrKeyClaimed: a key of the membership is in another site's newest
-	// verified membership.
+	// ErrMembershipNotBelieved: none of the site's memberships verifies
+	// with the controller keys as a membership of that site.
+	ErrMembershipNotBelieved = errors.New("no site.membership event of it is believed")
+	// ErrKeyClaimed: a key of the membership is in another site's verified
+	// membership of the highest generation.
 	ErrKeyClaimed = errors.New("a key is claimed by another site")
 )
 
@@ -40,10 +40,11 @@ type membershipRead struct {
 	bestSeq uint64
 }
 
-// MembershipSite reads the newest site.membership event of site from the
-// hub's STEWARD_EVENTS (hubJS), verifies it with the controller keys, and
-// checks that no key of it is claimed by the newest verified membership of
-// another site (one owner per key). It returns the site to set up, its
+// MembershipSite reads the site.membership events of site from the hub's
+// STEWARD_EVENTS (hubJS), takes the one of the highest generation that
+// verifies with the controller keys, and checks that no key of it is
+// claimed by the verified membership of the highest generation of another
+// site (one owner per key). It returns the site to set up, its
 // keys and generation the signed ones; events.SetupSite then refuses a
 // generation below the one the site's filters were set up from.
 func MembershipSite(ctx context.Context, hubJS jetstream.JetStream, keys *signing.KeySet, site, hubDomain string) (events.Site, error) {
@@ -79,12 +80,19 @@ func MembershipSite(ctx context.Context, hubJS jetstream.JetStream, keys *signin
 		return events.Site{}, fmt.Errorf("site %s: %w for it in %s, so the site's filters were not changed; publish one with steward publish --file F --signing-key CONTROLLER.key, F holding {\"type\":%q,\"key\":%q,\"data\":{\"site\":%q,\"generation\":1,\"boxes\":[],\"hives\":[],\"machines\":[]}}, or give its keys with --boxes, --hives, --machines (unsigned: an open bus or a first set-up)",
 			site, ErrNoMembership, events.StreamEvents, events.TypeSiteMembership, site, site)
 	}
-	meta, _ := own.newest.Metadata()
-	m, err := openMembership(keys, site, own.newest)
-	if err != nil {
-		return events.Site{}, fmt.Errorf("site %s: %w: the event at stream sequence %d: %w, so the site's filters were not changed; publish the site's membership signed with a key of --controller-key (steward publish --signing-key)",
+	if own.best == nil {
+		meta, _ := own.newest.Metadata()
+		_, err := openMembership(keys, site, own.newest)
+		return events.Site{}, fmt.Errorf("site %s: %w: none of its site.membership events verifies (the newest, at stream sequence %d: %w), so the site's filters were not changed; publish the site's membership signed with a key of --controller-key (steward publish --signing-key)",
 			site, ErrMembershipNotBelieved, seqOf(meta), err)
 	}
+	// The site's own keys are its verified membership of the highest
+	// generation, as another site's are: anyone who may publish an event
+	// can store a newer message on the site's subject, and one that does
+	// not verify must neither change the site nor hold its set-up up. A
+	// replayed older one loses to the generation the hub's consumer
+	// records (events.SetupSite).
+	m := *own.best
 	mine := m.Claims()
 	for _, other := range slices.Sorted(maps.Keys(reads)) {
 		r := reads[other]
@@ -93,7 +101,7 @@ func MembershipSite(ctx context.Context, hubJS jetstream.JetStream, keys *signin
 		}
 		for _, claim := range r.best.Claims() {
 			if slices.Contains(mine, claim) {
-				return events.Site{}, fmt.Errorf("site %s: %w: %s is in site %s's newest membership (generation %d, stream sequence %d), and a key belongs to one site, so the site's filters were not changed; move it by publishing site %s's membership without it first, then run steward site setup %s and this again",
+				return events.Site{}, fmt.Errorf("site %s: %w: %s is in site %s's membership (generation %d, stream sequence %d), and a key belongs to one site, so the site's filters were not changed; move it by publishing site %s's membership without it first, then run steward site setup %s and this again",
 					site, ErrKeyClaimed, claim, other, r.best.Generation, r.bestSeq, other, other)
 			}
 		}

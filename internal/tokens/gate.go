@@ -102,6 +102,13 @@ func (g *Gate) Hook() publisher.SignHook { return g.Sign }
 // do next. e has been validated.
 func (g *Gate) Sign(ctx context.Context, caller publisher.Caller, e event.Event) (event.Event, error) {
 	typ, key := e.Type(), e.Subject()
+	if signing.SignedFromRecord(typ) {
+		// Only the operator's own command signs these (from the
+		// controller's records); stored here unsigned, one would only be
+		// a message nobody believes under the site's subject.
+		return e, fmt.Errorf("%w: %s for %s is signed by the controller from the operator's records, never through an ingress, so nothing of the request was stored; publish it with steward publish --file F --signing-key CONTROLLER.key",
+			publisher.ErrForbidden, short(typ), key)
+	}
 	if !caller.Scoped {
 		if signing.MustSign(typ) {
 			return e, fmt.Errorf("%w: %s for %s must be signed by the controller, and the controller key signs only for a scoped token; the unscoped ingress token may publish %s alone, so nothing of the request was stored. Ask the operator for a scoped token (steward token issue NAME --types %s --keys %s --window N)",

@@ -103,6 +103,9 @@ func (d Document) Check() error {
 		if _, ok := events.Lookup(typ); !ok {
 			return fmt.Errorf("token %s: type %q is not a Steward event type", d.Name, typ)
 		}
+		if signing.SignedFromRecord(typ) {
+			return fmt.Errorf("token %s: type %s is published by the operator alone (steward publish --signing-key), never through an ingress token", d.Name, typ)
+		}
 	}
 	if len(d.Keys) == 0 {
 		return fmt.Errorf("token %s: keys is empty; name the hives or machines it may publish for (or * for any)", d.Name)
