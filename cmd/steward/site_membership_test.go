@@ -159,9 +159,23 @@ func TestSiteSetupFromTheSignedMembership(t *testing.T) {
 	// A forged site-b membership without it does not release the key.
 	publish(evilKey, "site-b", 5, []string{}, nil)
 	refused("site-b's forged release", "hive hive-2", "site site-b")
-	// The controller's does; the key is moved.
+	// The controller's does, but while site-b still receives hive-2 (set
+	// up from its earlier membership and not again since) the key is not
+	// free: both sites would receive its events.
+	siteB := func(hives []string) {
+		t.Helper()
+		cfg := events.SiteConsumerConfig(events.Site{Name: "site-b", HubDomain: events.DefaultHubDomain, Hives: hives})
+		if _, err := hubJS.CreateOrUpdateConsumer(ctx, events.StreamEvents, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	siteB([]string{"hive-2"})
 	publish(ctrlKey, "site-b", 2, []string{}, nil)
 	publish(ctrlKey, "site-a", 2, []string{"hive-1", "hive-2"}, []string{"db-1"})
+	refused("site-b still receives hive-2", "site site-b's filters at the hub include steward.events.credential.rotated.hive-2", "steward site setup site-b", "filters were not changed")
+	wantFilters("while site-b receives hive-2", 1, []string{"hive-1"}, []string{"db-1"})
+	// site-b set up again from its membership: the key is moved.
+	siteB(nil)
 	if r := setup(); r.code != 0 {
 		t.Fatalf("site setup once site-b let hive-2 go: exit %d\n%s", r.code, r.stderr)
 	}

@@ -106,7 +106,36 @@ func MembershipSite(ctx context.Context, hubJS jetstream.JetStream, keys *signin
 			}
 		}
 	}
-	return m.SiteOf(hubDomain), nil
+	want := m.SiteOf(hubDomain)
+	if err := receivedElsewhere(ctx, hubJS, want); err != nil {
+		return events.Site{}, err
+	}
+	return want, nil
+}
+
+// receivedElsewhere refuses a key of s that another site set up at the hub
+// receives now (its consumer's filters): the memberships say whose a key
+// should be, the filters whose it is, and until that site is set up again
+// without the key (its membership dropped it, or expired with the
+// stream's retention), both would receive its events.
+func receivedElsewhere(ctx context.Context, hubJS jetstream.JetStream, s events.Site) error {
+	sites, err := listSites(ctx, hubJS)
+	if err != nil {
+		return fmt.Errorf("site %s: read the sites set up at the hub: %w", s.Name, err)
+	}
+	everySite := events.Site{}.EventSubjects()
+	for _, other := range sites {
+		if other.Name == s.Name {
+			continue
+		}
+		for _, subject := range s.EventSubjects() {
+			if !slices.Contains(everySite, subject) && slices.Contains(other.filters, subject) {
+				return fmt.Errorf("site %s: %w: site %s's filters at the hub include %s, so it receives that key's events now, and the site's filters were not changed; set site %s up again from its membership without the key (steward site setup %s), then run this again",
+					s.Name, ErrKeyClaimed, other.Name, subject, other.Name, other.Name)
+			}
+		}
+	}
+	return nil
 }
 
 // openMembership decodes, validates and verifies a membership message on

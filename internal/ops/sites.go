@@ -101,6 +101,24 @@ func (s *Site) readOldestPending(ctx context.Context, hub jetstream.JetStream, n
 // paged listing of STEWARD_EVENTS' consumers, and for each site that is
 // behind, the age of the oldest event it has not been sent.
 func Sites(ctx context.Context, js jetstream.JetStream) ([]Site, error) {
+	out, err := listSites(ctx, js)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	for i := range out {
+		if err := out[i].readOldestPending(ctx, js, now); err != nil {
+			return nil, err
+		}
+	}
+	slices.SortFunc(out, func(a, b Site) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// listSites reads the sites set up at the hub js from its consumers, in
+// one paged listing, each with what its consumer says (not its oldest
+// pending event).
+func listSites(ctx context.Context, js jetstream.JetStream) ([]Site, error) {
 	s, err := streamOrNone(ctx, js, events.StreamEvents)
 	if err != nil {
 		return nil, err
@@ -118,13 +136,6 @@ func Sites(ctx context.Context, js jetstream.JetStream) ([]Site, error) {
 	if err := lister.Err(); err != nil {
 		return nil, fmt.Errorf("list the consumers of %s: %w", events.StreamEvents, err)
 	}
-	now := time.Now()
-	for i := range out {
-		if err := out[i].readOldestPending(ctx, js, now); err != nil {
-			return nil, err
-		}
-	}
-	slices.SortFunc(out, func(a, b Site) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
 }
 
