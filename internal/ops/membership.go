@@ -44,7 +44,8 @@ type membershipRead struct {
 // STEWARD_EVENTS (hubJS), takes the one of the highest generation that
 // verifies with the controller keys, and checks that no key of it is
 // claimed by the verified membership of the highest generation of another
-// site (one owner per key). It returns the site to set up, its
+// site, nor received now by another site set up at the hub (one owner per
+// key). It returns the site to set up, its
 // keys and generation the signed ones; events.SetupSite then refuses a
 // generation below the one the site's filters were set up from.
 func MembershipSite(ctx context.Context, hubJS jetstream.JetStream, keys *signing.KeySet, site, hubDomain string) (events.Site, error) {
