@@ -532,7 +532,15 @@ func TestRetryableFailuresAreRetriedThenApplied(t *testing.T) {
 	if !strings.Contains(h.logs.String(), obstacle+" is in the way of the swap") {
 		t.Fatal("no error line names the leftover in the way")
 	}
-	if err := os.RemoveAll(obstacle); err != nil {
+	// Moved out of the way in one step, then removed: removed in place,
+	// it is emptied first, and the worker, retrying meanwhile, may take
+	// the empty folder away and put its own link there before the folder
+	// itself goes (RemoveAll then fails on the link, as CI met once).
+	gone := filepath.Join(t.TempDir(), "gone")
+	if err := os.Rename(obstacle, gone); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(gone); err != nil {
 		t.Fatal(err)
 	}
 	got = h.waitOutcomes(2)
