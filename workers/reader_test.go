@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/steward-dev/steward/events"
@@ -183,5 +184,66 @@ func TestAStreamReaderPausesAndResumes(t *testing.T) {
 	workertest.WaitIdle(t, js, r.ConsumerName())
 	if rec.count(2) != 1 {
 		t.Fatalf("after resuming, version 2 was handled %d times, want once", rec.count(2))
+	}
+}
+
+// TestTheStreamReaderWritesItsCursorOnceQuiet publishes ten events one
+// after the other, each handled before the next: the reader goes idle ten
+// times, and wrote its cursor at each before it waited for a quiet moment
+// (4,000 writes for a site's 10,000 events). It writes once it has been
+// quiet, and the cursor then covers the last event.
+func TestTheStreamReaderWritesItsCursorOnceQuiet(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	ctx := context.Background()
+	rec := newRecorder()
+	spec := hostSpec("hive-q")
+	publishRotation(t, js, "hive-q", 1)
+	r := workertest.Start(t, js, spec, workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		rec.record(d.Key, versionOf(t, d))
+		return nil
+	}), workers.WithReadMode(workers.ReadStream))
+	workertest.WaitIdle(t, js, r.ConsumerName())
+	docs := workertest.OperatorDocs(t, js)
+	key := events.CursorKey(testWorker, "hive-q")
+	cursorAt := func() uint64 {
+		var c events.Cursor
+		doc, err := docs.Get(ctx, key)
+		if err != nil || !doc.Trusted || doc.Decode(&c) != nil {
+			return 0
+		}
+		return c.Subjects[spec.Subjects[0]]
+	}
+	workertest.WaitUntil(t, "the first cursor is written", func() bool { return cursorAt() > 0 })
+
+	kv, err := js.KeyValue(ctx, events.CheckpointBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	watch, err := kv.Watch(ctx, key, jetstream.UpdatesOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Stop()
+	var last uint64
+	for v := uint64(2); v <= 11; v++ {
+		last = publishRotation(t, js, "hive-q", v).Sequence
+		workertest.WaitUntil(t, fmt.Sprintf("version %d is handled", v), func() bool { return rec.count(v) == 1 })
+	}
+	workertest.WaitUntil(t, "the cursor covers the last event", func() bool { return cursorAt() == last })
+	writes := 0
+	for {
+		select {
+		case e := <-watch.Updates():
+			if e != nil {
+				writes++
+				continue
+			}
+		default:
+		}
+		break
+	}
+	if writes > 2 {
+		t.Fatalf("the cursor was written %d times for 10 events handled one after the other; want it written once quiet", writes)
 	}
 }
