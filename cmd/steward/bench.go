@@ -13,14 +13,17 @@ import (
 
 func newBenchCmd(g *globals) *cobra.Command {
 	var (
-		o         bench.Options
-		watermill string
+		o                 bench.Options
+		watermill, server string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure the runtime against raw JetStream consumers and Watermill on an embedded server",
-		Long: `Start an embedded NATS server with JetStream (its store in a temporary folder)
-and publish --events events, as one burst or at --rate events per second,
+		Long: `Start a NATS server with JetStream (its store in a temporary folder), in a
+process of its own as a deployed worker meets its server (--server process,
+this binary's embedded nats-server), or inside this process with the paths
+(--server embedded, where every path shares its garbage collector with the
+server's), and publish --events events, as one burst or at --rate events per second,
 through each path in turn: a no-op worker run by the runtime on the streams
 ` + "`steward setup`" + ` makes (every event reaches the handler, is checkpointed and its
 ack confirmed); on a plain stream, made as a nats.go user makes one (subjects
@@ -48,6 +51,17 @@ machine is shared and absolute figures drift.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.Rounds < 1 {
 				return fmt.Errorf("--rounds %d: want at least 1", o.Rounds)
+			}
+			switch server {
+			case "process":
+				exe, err := os.Executable()
+				if err != nil {
+					return fmt.Errorf("bench: this binary, to run its embedded nats-server in a process of its own: %w", err)
+				}
+				o.ServerCommand = []string{exe, "bench", fleetServerCmd}
+			case "embedded":
+			default:
+				return fmt.Errorf("--server %q: want process (the server in a process of its own) or embedded (in this process, with the paths)", server)
 			}
 			if watermill != "" {
 				dir, err := os.MkdirTemp("", "steward-bench-watermill-")
@@ -86,6 +100,7 @@ machine is shared and absolute figures drift.`,
 	fs.IntVar(&o.Rounds, "rounds", 3, "how many times each path is measured; the report gives the medians")
 	fs.BoolVar(&o.StreamCosts, "stream-costs", false, "add the fire-and-forget consumer on the STEWARD_EVENTS layout with its stored notices, its Nats-Msg-Id and its CloudEvents headers switched off in turn")
 	fs.StringVar(&watermill, "watermill", "", "add Watermill's JetStream subscriber (AckSync), run by the program at this path or built from the module in this folder (internal/bench/watermill)")
+	fs.StringVar(&server, "server", "process", "where the server runs: process (its own, as a deployed worker meets it) or embedded (in this process, sharing its garbage collector with every path)")
 	fs.DurationVar(&o.Timeout, "timeout", 5*time.Minute, "give up on a path after this long")
 	cmd.AddCommand(newBenchFleetCmd(g), newBenchFleetServerCmd())
 	cmd.AddCommand(newBenchMemoryCmd(g))

@@ -74,6 +74,11 @@ type Options struct {
 	StreamCosts bool
 	// External, when set, adds a path measured by a program of its own.
 	External *External
+	// ServerCommand, when set, runs the server in a process of its own
+	// (StartProcess), as deployed workers meet theirs; otherwise it is
+	// embedded in this process (Start), and every path shares its garbage
+	// collector with the server's.
+	ServerCommand []string
 	// Timeout bounds each path (default 5 minutes).
 	Timeout time.Duration
 	// Progress, when set, is called about once a second while a path
@@ -157,12 +162,17 @@ func pathsFor(o Options) []path {
 // warmUpEvents is the size of the unmeasured burst each path gets first.
 const warmUpEvents = 2000
 
-// Run starts an embedded server, warms each path up, measures the paths o
-// asks for over the same number of events in each of o.Rounds rounds, and
+// Run starts a server (embedded, or in its own process when
+// o.ServerCommand is set), warms each path up, measures the paths o asks
+// for over the same number of events in each of o.Rounds rounds, and
 // stops the server.
 func Run(ctx context.Context, o Options) (Result, error) {
 	o = o.withDefaults()
-	env, err := Start(ctx)
+	start := Start
+	if len(o.ServerCommand) > 0 {
+		start = func(ctx context.Context) (*Env, error) { return StartProcess(ctx, o.ServerCommand) }
+	}
+	env, err := start(ctx)
 	if err != nil {
 		return Result{}, err
 	}

@@ -2,9 +2,11 @@ package bench
 
 import (
 	"context"
+	"os"
 	"reflect"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -71,6 +73,41 @@ func TestRunMeasuresEveryPath(t *testing.T) {
 		}
 	}
 	t.Log("\n" + res.String())
+}
+
+// TestRunWithTheServerInAProcessOfItsOwn proves `steward bench`'s default:
+// the server runs in a process of its own, every path still settles every
+// event, and the server's CPU counts in each path's CPU per event.
+func TestRunWithTheServerInAProcessOfItsOwn(t *testing.T) {
+	ctx := context.Background()
+	self := []string{os.Args[0], "fleet-server"}
+	env, err := StartProcess(ctx, self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := env.node.Nodes[0].Pid()
+	if env.srv != nil || pid == os.Getpid() {
+		t.Fatalf("the server is in this process (embedded %v, pid %d)", env.srv != nil, pid)
+	}
+	// The server's start alone takes more than /proc's 10 ms tick.
+	if own, all := processCPU(), env.cpu(); processCPU() > 0 && all <= own {
+		t.Fatalf("CPU counted %v, this process's alone %v: the server's is left out", all, own)
+	}
+	env.Close()
+	if err := syscall.Kill(pid, 0); err == nil {
+		t.Fatalf("the server's process %d outlived Close", pid)
+	}
+
+	res, err := Run(ctx, Options{Events: 200, Keys: 8, Timeout: time.Minute, ServerCommand: self})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := res.Runtime; m.Events != 200 || m.PerSecond <= 0 || m.Handler.P50 > m.Handler.P99 {
+		t.Fatalf("runtime: %+v", m)
+	}
+	if m := res.RawDouble; m.Events != 200 || m.PerSecond <= 0 {
+		t.Fatalf("raw DoubleAck: %+v", m)
+	}
 }
 
 // TestRunLeavesOutWhatItIsNotAskedFor proves the stream costs' paths and

@@ -13,13 +13,18 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/fleet"
 )
 
 // Env is a JetStream server, embedded with its store in a temporary folder
-// (Start) or reached at a URL (Dial), and a publishing and a consuming
-// connection to it.
+// (Start), run as a process of its own (StartProcess) or reached at a URL
+// (Dial), and a publishing and a consuming connection to it.
 type Env struct {
-	srv   *server.Server
+	srv *server.Server
+	// node is the server's process, when it runs in one of its own: its
+	// CPU counts in every path's CPU per event, as the embedded server's
+	// does by being in this process.
+	node  *fleet.Servers
 	url   string
 	dir   string
 	pubNC *nats.Conn
@@ -68,6 +73,47 @@ func Start(ctx context.Context) (*Env, error) {
 		return nil, err
 	}
 	return e, nil
+}
+
+// StartProcess is Start with the server in a process of its own, command
+// with "-c <config>" after it (this binary's hidden `bench fleet-server`,
+// or a nats-server binary): as a deployed worker meets its server, the
+// consumers then share their garbage collector with nobody but the bench's
+// publisher, and the server's allocations are collected on its own cores'
+// time, not in the middle of a consumer's handler.
+func StartProcess(ctx context.Context, command []string) (*Env, error) {
+	dir, err := os.MkdirTemp("", "steward-bench-")
+	if err != nil {
+		return nil, err
+	}
+	e := &Env{dir: dir}
+	if e.node, err = fleet.StartServers(ctx, command, dir, 1); err != nil {
+		e.Close()
+		return nil, fmt.Errorf("nats-server in its own process: %w", err)
+	}
+	if err := e.connect(ctx, e.node.URLs()); err != nil {
+		e.Close()
+		return nil, err
+	}
+	if err := events.SetupBus(ctx, e.pubJS, events.DefaultBusConfig(1)); err != nil {
+		e.Close()
+		return nil, err
+	}
+	return e, nil
+}
+
+// cpu is the CPU time used so far by this process and, when the server
+// runs in its own, by the server's: what a path's CPU per event counts.
+func (e *Env) cpu() time.Duration {
+	c := processCPU()
+	if e.node != nil {
+		// A server that has gone makes its path fail on its own; its CPU
+		// is then no figure anyone reads.
+		if sc, err := e.node.Nodes[0].CPU(); err == nil {
+			c += sc
+		}
+	}
+	return c
 }
 
 // Dial connects to the JetStream server at url and makes sure the raw
@@ -122,6 +168,9 @@ func (e *Env) Close() {
 		e.srv.Shutdown()
 		e.srv.WaitForShutdown()
 	}
+	if e.node != nil {
+		e.node.Close()
+	}
 	if e.dir != "" {
 		os.RemoveAll(e.dir)
 	}
@@ -172,7 +221,7 @@ var stallWait = jetstream.WithStallWait(30 * time.Second)
 // second, noting when each left, and waits for every publish ack.
 func (e *Env) publish(ctx context.Context, t *tracker, msgs []*nats.Msg, rate int) error {
 	futures := make([]jetstream.PubAckFuture, len(msgs))
-	t.cpu = processCPU()
+	t.cpu = t.cpuNow()
 	start := time.Now()
 	for i, m := range msgs {
 		if rate > 0 {
@@ -278,7 +327,7 @@ func (e *Env) consume(ctx context.Context, o Options, name, stream string, resha
 	if err := e.purge(ctx, stream); err != nil {
 		return Measure{}, err
 	}
-	t := newTracker(e.idPrefix(e.runs), o.Events)
+	t := newTracker(e.idPrefix(e.runs), o.Events, e.cpu)
 	stop, err := start(ctx, t)
 	if err != nil {
 		return Measure{}, fmt.Errorf("%s: %w", name, err)

@@ -158,7 +158,7 @@ func (e *Env) External(ctx context.Context, o Options) (Measure, error) {
 	if err := cmd.Start(); err != nil {
 		return Measure{}, fmt.Errorf("start %s: %w", x.Command[0], err)
 	}
-	m, readErr := readExternal(out, o.Events, func(settled, total int) {
+	m, readErr := readExternal(out, o.Events, e.cpu, func(settled, total int) {
 		if o.Progress != nil {
 			o.Progress(x.Name, settled, total)
 		}
@@ -176,9 +176,10 @@ func (e *Env) External(ctx context.Context, o Options) (Measure, error) {
 }
 
 // readExternal reads the lines of an external path's program until its
-// measure, and adds to its CPU per event this process's from the program's
-// "measuring" line to its measure.
-func readExternal(r io.Reader, events int, progress func(settled, total int)) (Measure, error) {
+// measure, and adds to its CPU per event the server's (cpuNow, this
+// process's and its server process's) from the program's "measuring" line
+// to its measure.
+func readExternal(r io.Reader, events int, cpuNow func() time.Duration, progress func(settled, total int)) (Measure, error) {
 	var started bool
 	var cpu time.Duration
 	sc := bufio.NewScanner(r)
@@ -187,7 +188,7 @@ func readExternal(r io.Reader, events int, progress func(settled, total int)) (M
 		line := sc.Text()
 		switch {
 		case line == lineMeasuring:
-			started, cpu = true, processCPU()
+			started, cpu = true, cpuNow()
 		case strings.HasPrefix(line, lineProgress):
 			var settled, total int
 			if _, err := fmt.Sscan(strings.TrimPrefix(line, lineProgress), &settled, &total); err == nil {
@@ -197,7 +198,7 @@ func readExternal(r io.Reader, events int, progress func(settled, total int)) (M
 			if !started {
 				return Measure{}, fmt.Errorf("its measure came before its %q line: this process's CPU cannot be counted", lineMeasuring)
 			}
-			server := processCPU() - cpu
+			server := cpuNow() - cpu
 			var m Measure
 			if err := json.Unmarshal([]byte(strings.TrimPrefix(line, lineMeasure)), &m); err != nil {
 				return Measure{}, fmt.Errorf("its measure %q: %w", line, err)

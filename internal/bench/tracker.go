@@ -12,8 +12,10 @@ import (
 // settled.
 type tracker struct {
 	prefix string
-	// cpu is the process's CPU time when the first event went out.
-	cpu time.Duration
+	// cpuNow reads the CPU time the bench's processes have used (Env.cpu);
+	// cpu is what it read when the first event went out.
+	cpuNow func() time.Duration
+	cpu    time.Duration
 	// published is when the last publish ack came back (Unix ns).
 	published atomic.Int64
 	sent      []atomic.Int64
@@ -23,8 +25,8 @@ type tracker struct {
 	all       chan struct{}
 }
 
-func newTracker(prefix string, n int) *tracker {
-	return &tracker{prefix: prefix, sent: make([]atomic.Int64, n), handled: make([]atomic.Int64, n),
+func newTracker(prefix string, n int, cpuNow func() time.Duration) *tracker {
+	return &tracker{prefix: prefix, cpuNow: cpuNow, sent: make([]atomic.Int64, n), handled: make([]atomic.Int64, n),
 		settled: make([]atomic.Int64, n), all: make(chan struct{})}
 }
 
@@ -70,7 +72,7 @@ func (t *tracker) measure() Measure {
 		Events: n, Elapsed: elapsed, PerSecond: float64(n) / elapsed.Seconds(),
 		Published: float64(n) / publishing.Seconds(),
 		Handler:   distribution(handler), Settled: distribution(settled),
-		CPU: (processCPU() - t.cpu) / time.Duration(n),
+		CPU: (t.cpuNow() - t.cpu) / time.Duration(n),
 	}
 }
 

@@ -160,6 +160,9 @@ func (n *Node) Kill() {
 	<-n.exited
 }
 
+// Pid is the node's process id, while it runs.
+func (n *Node) Pid() int { return n.cmd.Process.Pid }
+
 // URL is the node's client URL.
 func (n *Node) URL() string { return fmt.Sprintf("nats://127.0.0.1:%d", n.Port) }
 
