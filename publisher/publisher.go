@@ -129,7 +129,7 @@ func (p *Publisher) Publish(ctx context.Context, e event.Event) (Ack, error) {
 	// span, so a console's trace reaches the worker and its outcome.
 	parent := ctx
 	if tracing.TraceID(e) != "" {
-		parent = tracing.Extract(ctx, e)
+		parent = tracing.Extract(ctx, &e)
 	}
 	ctx, span := p.tracer.Start(parent, "publish "+subject, trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(tracing.EventAttributes(e)...),

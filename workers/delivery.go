@@ -124,7 +124,7 @@ func (d *Delivery) Emit(ctx context.Context, outcome string, data any) error {
 		// trace finds the outcome in it either way.
 		tctx := ctx
 		if !trace.SpanContextFromContext(ctx).IsValid() {
-			tctx = tracing.Extract(ctx, d.Event)
+			tctx = tracing.Extract(ctx, &d.Event)
 		}
 		tracing.Inject(tctx, &e)
 	}

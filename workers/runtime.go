@@ -155,6 +155,7 @@ func newRuntime(js jetstream.JetStream, spec Spec, h Handler, o options, opts []
 		m:      newMetrics(o.registerer).forInstance(spec.Name, spec.Instance),
 		tracer: tp.Tracer(tracing.Scope),
 	}
+	in.processSpan, in.supersedeSpan = "process "+in.consumerName(), "supersede "+in.consumerName()
 	w := &Runtime{
 		instance:     in,
 		jetStreams:   onServer,
