@@ -16,6 +16,7 @@ import (
 
 	"github.com/cloudevents/sdk-go/v2/binding"
 	"github.com/cloudevents/sdk-go/v2/event"
+	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 	"github.com/rs/zerolog"
 )
 
@@ -231,7 +232,8 @@ func (in *Ingress) authorize(r *http.Request) (caller Caller, challenge, reason 
 // decodeRequest reads the CloudEvents of a request in any of the three HTTP
 // content modes.
 func decodeRequest(r *http.Request, body []byte) ([]event.Event, error) {
-	msg := newHTTPMessage(r.Header, body)
+	msg := cehttp.NewMessage(r.Header, io.NopCloser(bytes.NewReader(body)))
+	defer msg.Finish(nil)
 	ctx := context.WithoutCancel(r.Context())
 	switch msg.ReadEncoding() {
 	case binding.EncodingBatch:
