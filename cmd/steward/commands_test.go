@@ -619,8 +619,9 @@ func TestServeProcess(t *testing.T) {
 
 // TestBenchCommand proves `steward bench` measures every path, the stream
 // costs' too when asked, and prints the rates, both latencies, the CPU per
-// event and the ratios; and that a --watermill program that is not there
-// is refused, named, before anything is measured.
+// event and the ratios; and that a --watermill program that is not there,
+// or a --server it does not know, is refused, named, before anything is
+// measured.
 func TestBenchCommand(t *testing.T) {
 	r := ok(t, nil, "bench", "--events", "200", "--rate", "2000", "--rounds", "1", "--stream-costs")
 	if !strings.Contains(r.stdout, "publishing 200 events over 64 keys at 2000 events/s through each path, 1 round...") {
@@ -639,5 +640,9 @@ func TestBenchCommand(t *testing.T) {
 	if r := run(t, nil, "bench", "--events", "200", "--watermill", "no/such/program"); r.code == 0 ||
 		!strings.Contains(r.stderr, "--watermill: external path's program no/such/program") || strings.Contains(r.stdout, "publishing") {
 		t.Fatalf("bench with a missing --watermill program: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	if r := run(t, nil, "bench", "--events", "200", "--server", "remote"); r.code == 0 ||
+		!strings.Contains(r.stderr, `--server "remote": want process`) || strings.Contains(r.stdout, "publishing") {
+		t.Fatalf("bench with an unknown --server: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
 	}
 }
