@@ -16,7 +16,6 @@ import (
 	"os"
 	"regexp"
 	"strings"
-	"sync"
 	"time"
 
 	"filippo.io/age"
@@ -187,6 +186,6 @@ func Encrypt(recipient string, plaintext []byte) (armored string, err error) {
 // quoted matches the %q segments age's errors put in: they quote the
 // offending line, which may be key material or a pasted plaintext, so no
 // line of it reaches a reason, a log or the DLQ.
-var quoted = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`"(?:[^"\\]|\\.)*"`) })
+var quoted = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
 
-func unquote(err error) string { return quoted().ReplaceAllString(err.Error(), `"…"`) }
+func unquote(err error) string { return quoted.ReplaceAllString(err.Error(), `"…"`) }

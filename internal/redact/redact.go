@@ -15,7 +15,6 @@ package redact
 import (
 	"regexp"
 	"strings"
-	"sync"
 	"unicode/utf8"
 )
 
@@ -27,11 +26,8 @@ const Elided = "[elided]"
 const MaxLine = 2000
 
 // secret matches an armored block (age ciphertext, a PEM key), ended or not,
-// and an age identity. It is compiled on first use: most processes never
-// meet a secret to elide.
-var secret = sync.OnceValue(func() *regexp.Regexp {
-	return regexp.MustCompile(`(?s)-----BEGIN [A-Z0-9 ]+-----.*?(-----END [A-Z0-9 ]+-----|$)|AGE-SECRET-KEY-1[0-9A-Za-z]+`)
-})
+// and an age identity.
+var secret = regexp.MustCompile(`(?s)-----BEGIN [A-Z0-9 ]+-----.*?(-----END [A-Z0-9 ]+-----|$)|AGE-SECRET-KEY-1[0-9A-Za-z]+`)
 
 // Secrets replaces every armored block and age identity in s by Elided and
 // leaves the rest, line breaks included, as it was.
@@ -39,7 +35,7 @@ func Secrets(s string) string {
 	if !strings.Contains(s, "-----BEGIN ") && !strings.Contains(s, "AGE-SECRET-KEY-1") {
 		return s
 	}
-	return secret().ReplaceAllString(s, Elided)
+	return secret.ReplaceAllString(s, Elided)
 }
 
 // Line is s with its secrets elided, its white space folded onto one line,
