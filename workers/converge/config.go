@@ -11,7 +11,6 @@ import (
 	"os"
 	"regexp"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -126,26 +125,15 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.CloudRunEndpoint, "cloudrun-endpoint", c.CloudRunEndpoint, "cloudrun runner: host:port of an emulator or test server (plaintext, no authentication)")
 }
 
-// Cloud Run's own rules, so nothing else reaches a resource name. They are
-// compiled on first use, not at start: every process of the one binary
-// initialises this package, and only a converge worker with the cloudrun
-// runner reads them.
 var (
-	projectPattern = sync.OnceValue(func() *regexp.Regexp {
-		return regexp.MustCompile(`^(?:[a-z][a-z0-9.-]{0,62}:)?[a-z][a-z0-9-]{4,28}[a-z0-9]$`)
-	})
-	regionPattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z]+(?:-[a-z]+)+[0-9]+$`) })
-	jobPattern    = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z](?:[a-z0-9-]{0,47}[a-z0-9])?$`) })
-	saPattern     = sync.OnceValue(func() *regexp.Regexp {
-		return regexp.MustCompile(`^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}$`)
-	})
-	memberPattern = sync.OnceValue(func() *regexp.Regexp {
-		return regexp.MustCompile(`^(?:user|group|serviceAccount):[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}$|^domain:[A-Za-z0-9.-]+\.[A-Za-z]{2,}$`)
-	})
+	// Cloud Run's own rules, so nothing else reaches a resource name.
+	projectPattern = regexp.MustCompile(`^(?:[a-z][a-z0-9.-]{0,62}:)?[a-z][a-z0-9-]{4,28}[a-z0-9]$`)
+	regionPattern  = regexp.MustCompile(`^[a-z]+(?:-[a-z]+)+[0-9]+$`)
+	jobPattern     = regexp.MustCompile(`^[a-z](?:[a-z0-9-]{0,47}[a-z0-9])?$`)
+	saPattern      = regexp.MustCompile(`^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}$`)
+	memberPattern  = regexp.MustCompile(`^(?:user|group|serviceAccount):[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}$|^domain:[A-Za-z0-9.-]+\.[A-Za-z]{2,}$`)
 	// A network or subnet is a name or a resource path of names.
-	vpcPattern = sync.OnceValue(func() *regexp.Regexp {
-		return regexp.MustCompile(`^[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?$|^projects/[a-z0-9.:-]+/(?:global/networks|regions/[a-z0-9-]+/subnetworks)/[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?$`)
-	})
+	vpcPattern = regexp.MustCompile(`^[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?$|^projects/[a-z0-9.:-]+/(?:global/networks|regions/[a-z0-9-]+/subnetworks)/[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?$`)
 )
 
 // checked is a Config that passed validation, with what it loaded.
@@ -215,7 +203,7 @@ func (c Config) check() (*checked, error) {
 func (c Config) checkCloudRun() error {
 	for _, f := range []struct {
 		flag, value string
-		re          func() *regexp.Regexp
+		re          *regexp.Regexp
 		rule        string
 	}{
 		{"--cloudrun-project", c.CloudRunProject, projectPattern, "a Google Cloud project id (6-30 lowercase letters, digits or '-')"},
@@ -227,12 +215,12 @@ func (c Config) checkCloudRun() error {
 		if f.value == "" {
 			return fmt.Errorf("%s is required with --runner %s: %s", f.flag, RunnerCloudRun, f.rule)
 		}
-		if !f.re().MatchString(f.value) {
+		if !f.re.MatchString(f.value) {
 			return fmt.Errorf("%s %q is not %s", f.flag, f.value, f.rule)
 		}
 	}
 	for _, f := range []struct{ flag, value string }{{"--cloudrun-network", c.CloudRunNetwork}, {"--cloudrun-subnet", c.CloudRunSubnet}} {
-		if f.value != "" && !vpcPattern().MatchString(f.value) {
+		if f.value != "" && !vpcPattern.MatchString(f.value) {
 			return fmt.Errorf("%s %q is not a VPC name or projects/... resource path", f.flag, f.value)
 		}
 	}

@@ -77,7 +77,7 @@ func (r execRecord) execution() execution {
 
 // execName is the form of the exec runner's execution names; nothing else
 // is ever turned into a record's path.
-var execName = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^exec-[0-9]+-[0-9a-z]+$`) })
+var execName = regexp.MustCompile(`^exec-[0-9]+-[0-9a-z]+$`)
 
 func newExec(cfg *checked) *execRunner {
 	return &execRunner{cfg: cfg, procs: map[string]*proc{}}
@@ -135,7 +135,7 @@ func (e *execRunner) records() ([]execRecord, error) {
 	var out []execRecord
 	for _, ent := range entries {
 		name, ok := strings.CutSuffix(ent.Name(), ".json")
-		if !ok || !execName().MatchString(name) {
+		if !ok || !execName.MatchString(name) {
 			continue
 		}
 		rec, err := e.readRecord(name)
@@ -294,7 +294,7 @@ func (e *execRunner) lookup(_ context.Context, rel release, name string) (execut
 		// moves nothing and runs nothing again.
 		return execution{Name: name, Image: rel.Image, EventID: rel.EventID, Version: rel.Version, Done: true, Result: unknown(name)}, true, nil
 	}
-	if !execName().MatchString(name) {
+	if !execName.MatchString(name) {
 		return execution{}, false, nil
 	}
 	r, err := e.readRecord(name)

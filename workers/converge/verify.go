@@ -17,7 +17,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/distribution/reference"
@@ -94,7 +93,7 @@ type release struct {
 	logger         zerolog.Logger
 }
 
-var digestPattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^sha256:[0-9a-f]{64}$`) })
+var digestPattern = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
 
 // Evidence is the signed material a decision rests on: the manifest's exact
 // bytes and the signature that makes them a release. It is kept in every
@@ -275,7 +274,7 @@ func checkPinned(image string) error {
 	if _, tagged := ref.(reference.Tagged); tagged {
 		return errors.New("it carries a tag besides its digest")
 	}
-	if !digestPattern().MatchString(c.Digest().String()) {
+	if !digestPattern.MatchString(c.Digest().String()) {
 		return fmt.Errorf("digest %s is not sha256 and 64 lowercase hex digits", c.Digest())
 	}
 	if ref.String() != image {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"regexp"
-	"sync"
 
 	"github.com/secure-systems-lab/go-securesystemslib/dsse"
 
@@ -80,7 +79,7 @@ func (w *Worker) readKeptFloor(ctx context.Context, d *workers.Delivery) (keptFl
 
 // binaryDigest is one entry of a floor's binaries: a SHA-256 in hex,
 // optionally written with its algorithm.
-var binaryDigest = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^(sha256:)?[0-9a-f]{64}$`) })
+var binaryDigest = regexp.MustCompile(`^(sha256:)?[0-9a-f]{64}$`)
 
 // handleFloor keeps the newest verified floor of this deployment.
 //
@@ -183,7 +182,7 @@ func (w *Worker) openFloor(env dsse.Envelope) (events.HostFloor, string, string)
 		return floor, "minAgentVersion", fmt.Sprintf("its minAgentVersion is not a semantic version (%v)", err)
 	}
 	for i, b := range floor.Binaries {
-		if !binaryDigest().MatchString(b) {
+		if !binaryDigest.MatchString(b) {
 			return floor, "binaries", fmt.Sprintf("binaries[%d] %.80q is not a SHA-256 in lowercase hex", i, b)
 		}
 	}

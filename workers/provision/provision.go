@@ -33,7 +33,6 @@ import (
 	"math"
 	"regexp"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -105,7 +104,7 @@ const maxIdentifier = 63
 // prefixPattern keeps the mark a plain lower-case word: it is compared
 // byte for byte with role names, and must never be empty (an empty mark
 // would claim every role on the server).
-var prefixPattern = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z][a-z0-9_]{0,31}$`) })
+var prefixPattern = regexp.MustCompile(`^[a-z][a-z0-9_]{0,31}$`)
 
 // Worker reconciles one machine's PostgreSQL server with its grants.
 type Worker struct {
@@ -142,8 +141,8 @@ func newWorker(cfg Config, tracer pgx.QueryTracer) (*Worker, error) {
 	if cfg.RolePrefix == "" {
 		cfg.RolePrefix = DefaultRolePrefix
 	}
-	if !prefixPattern().MatchString(cfg.RolePrefix) {
-		return nil, fmt.Errorf("--role-prefix %q must match %s (a lower-case letter, then up to 31 lower-case letters, digits or '_')", cfg.RolePrefix, prefixPattern())
+	if !prefixPattern.MatchString(cfg.RolePrefix) {
+		return nil, fmt.Errorf("--role-prefix %q must match %s (a lower-case letter, then up to 31 lower-case letters, digits or '_')", cfg.RolePrefix, prefixPattern)
 	}
 	if strings.HasPrefix(cfg.RolePrefix, "pg_") {
 		return nil, fmt.Errorf("--role-prefix %q starts with pg_, which PostgreSQL reserves for its own roles", cfg.RolePrefix)

@@ -308,7 +308,7 @@ func currentUser(t *testing.T, e *env) string {
 func TestRoleOfStewardIsRefused(t *testing.T) {
 	e := newEnv(t)
 	me := currentUser(t, e)
-	if len(me) < 2 || !prefixPattern().MatchString(me[:len(me)-1]) {
+	if len(me) < 2 || !prefixPattern.MatchString(me[:len(me)-1]) {
 		t.Fatalf("the test user %q cannot be split into a mark and a node", me)
 	}
 	w, err := newWorker(Config{Machine: testMachine, AgeIdentity: e.idPath, DatabaseURL: e.url, RolePrefix: me[:len(me)-1], ControllerKey: testControllerPub}, nil)

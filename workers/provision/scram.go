@@ -11,7 +11,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 )
 
 // SCRAM-SHA-256 (RFC 5802, RFC 7677) as PostgreSQL stores it in
@@ -34,9 +33,7 @@ const (
 // verifierPattern is everything a verifier may hold: the mechanism name,
 // digits, base64, '$' and ':'. No quote or backslash can pass it, which is
 // what makes it safe as a string literal.
-var verifierPattern = sync.OnceValue(func() *regexp.Regexp {
-	return regexp.MustCompile(`^SCRAM-SHA-256\$[1-9][0-9]*:[A-Za-z0-9+/]+=*\$[A-Za-z0-9+/]+=*:[A-Za-z0-9+/]+=*$`)
-})
+var verifierPattern = regexp.MustCompile(`^SCRAM-SHA-256\$[1-9][0-9]*:[A-Za-z0-9+/]+=*\$[A-Za-z0-9+/]+=*:[A-Za-z0-9+/]+=*$`)
 
 // newVerifier returns a fresh verifier (new random salt) for password.
 func newVerifier(password string) (string, error) {
@@ -85,7 +82,7 @@ type verifier struct {
 // parseVerifier reads what the server stores. ok is false for anything
 // else: NULL, an md5 hash, a plaintext password, a malformed verifier.
 func parseVerifier(s string) (v verifier, ok bool) {
-	if !verifierPattern().MatchString(s) {
+	if !verifierPattern.MatchString(s) {
 		return v, false
 	}
 	rest := strings.TrimPrefix(s, scramPrefix+"$")
@@ -128,8 +125,8 @@ func verifierMatches(stored, password string) bool {
 // ... PASSWORD takes no parameters, so the literal is built here; the
 // pattern check guarantees it holds no quote or backslash.
 func verifierLiteral(v string) (string, error) {
-	if !verifierPattern().MatchString(v) {
-		return "", fmt.Errorf("a computed SCRAM verifier does not match %s, so it was not sent to the server", verifierPattern())
+	if !verifierPattern.MatchString(v) {
+		return "", fmt.Errorf("a computed SCRAM verifier does not match %s, so it was not sent to the server", verifierPattern)
 	}
 	return "'" + v + "'", nil
 }

@@ -100,7 +100,7 @@ func TestVerifierParsingAndQuoting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !verifierPattern().MatchString(good) || !strings.HasPrefix(good, "SCRAM-SHA-256$4096:") {
+	if !verifierPattern.MatchString(good) || !strings.HasPrefix(good, "SCRAM-SHA-256$4096:") {
 		t.Fatalf("fresh verifier %q", good)
 	}
 	for _, s := range []string{
