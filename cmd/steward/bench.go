@@ -18,7 +18,7 @@ func newBenchCmd(g *globals) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Measure the runtime against raw JetStream consumers and Watermill on an embedded server",
+		Short: "Measure the runtime against raw JetStream consumers and Watermill",
 		Long: `Start a NATS server with JetStream (its store in a temporary folder), in a
 process of its own as a deployed worker meets its server (--server process,
 this binary's embedded nats-server), or inside this process with the paths

@@ -77,10 +77,9 @@ func Start(ctx context.Context) (*Env, error) {
 
 // StartProcess is Start with the server in a process of its own, command
 // with "-c <config>" after it (this binary's hidden `bench fleet-server`,
-// or a nats-server binary): as a deployed worker meets its server, the
+// or a nats-server binary), as a deployed worker meets its server: the
 // consumers then share their garbage collector with nobody but the bench's
-// publisher, and the server's allocations are collected on its own cores'
-// time, not in the middle of a consumer's handler.
+// publisher, and talk to the server through loopback.
 func StartProcess(ctx context.Context, command []string) (*Env, error) {
 	dir, err := os.MkdirTemp("", "steward-bench-")
 	if err != nil {
