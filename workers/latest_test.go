@@ -9,6 +9,9 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/workers"
@@ -155,5 +158,35 @@ func TestAnInvalidEventRanksNowhere(t *testing.T) {
 	letters := workertest.DeadLetters(t, js, testWorker, "invalid")
 	if len(letters) != 1 || !strings.Contains(letters[0].Reason, "/clientId") {
 		t.Fatalf("dead letters %+v, want the invalid rotation's, naming /clientId", letters)
+	}
+}
+
+// TestSupersededEventsHaveSupersedeSpans proves each event superseded
+// gets a consumer span of its own, named for settling it as superseded,
+// and the one applied its process span: the names are made once per
+// instance, and swapping them would go unseen without this.
+func TestSupersededEventsHaveSupersedeSpans(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	for v := uint64(1); v <= 3; v++ {
+		publishRotation(t, js, "hive-spans", v)
+	}
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	defer tp.Shutdown(context.Background())
+	r := workertest.Start(t, js, latestSpec("spans"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		return d.Emit(ctx, "applied", nil)
+	}), workers.WithTracerProvider(tp))
+	workertest.WaitIdle(t, js, r.ConsumerName())
+
+	names := map[string]int{}
+	for _, s := range spans.Ended() {
+		if s.SpanKind() != trace.SpanKindConsumer {
+			t.Errorf("span %q is of kind %v, want consumer", s.Name(), s.SpanKind())
+		}
+		names[s.Name()]++
+	}
+	if names["supersede "+r.ConsumerName()] != 2 || names["process "+r.ConsumerName()] != 1 {
+		t.Fatalf("spans %v, want 2 supersede and 1 process spans of %s", names, r.ConsumerName())
 	}
 }

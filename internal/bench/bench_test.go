@@ -77,7 +77,8 @@ func TestRunMeasuresEveryPath(t *testing.T) {
 
 // TestRunWithTheServerInAProcessOfItsOwn proves `steward bench`'s default:
 // the server runs in a process of its own, every path still settles every
-// event, and the server's CPU counts in each path's CPU per event.
+// event, the server's CPU counts in each path's CPU per event, and Run uses
+// the command it is given.
 func TestRunWithTheServerInAProcessOfItsOwn(t *testing.T) {
 	ctx := context.Background()
 	self := []string{os.Args[0], "fleet-server"}
@@ -107,6 +108,13 @@ func TestRunWithTheServerInAProcessOfItsOwn(t *testing.T) {
 	}
 	if m := res.RawDouble; m.Events != 200 || m.PerSecond <= 0 {
 		t.Fatalf("raw DoubleAck: %+v", m)
+	}
+	// Run starts the server it is given, not an embedded one: a command
+	// that cannot start fails the run, and says so.
+	missing := []string{"/no/such/nats-server"}
+	if _, err := Run(ctx, Options{Events: 10, Timeout: time.Minute, ServerCommand: missing}); err == nil ||
+		!strings.Contains(err.Error(), "nats-server in its own process") || !strings.Contains(err.Error(), missing[0]) {
+		t.Fatalf("Run with a server command that cannot start: %v", err)
 	}
 }
 

@@ -64,12 +64,7 @@ func Start(ctx context.Context) (*Env, error) {
 		e.Close()
 		return nil, errors.New("embedded NATS did not become ready in 10s")
 	}
-	if err := e.connect(ctx, srv.ClientURL()); err != nil {
-		e.Close()
-		return nil, err
-	}
-	if err := events.SetupBus(ctx, e.pubJS, events.DefaultBusConfig(1)); err != nil {
-		e.Close()
+	if err := e.setUp(ctx, srv.ClientURL()); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -90,15 +85,23 @@ func StartProcess(ctx context.Context, command []string) (*Env, error) {
 		e.Close()
 		return nil, fmt.Errorf("nats-server in its own process: %w", err)
 	}
-	if err := e.connect(ctx, e.node.URLs()); err != nil {
-		e.Close()
-		return nil, err
-	}
-	if err := events.SetupBus(ctx, e.pubJS, events.DefaultBusConfig(1)); err != nil {
-		e.Close()
+	if err := e.setUp(ctx, e.node.URLs()); err != nil {
 		return nil, err
 	}
 	return e, nil
+}
+
+// setUp connects to the server at url and sets up what every path reads,
+// as Start says; on failure it closes e, server and all.
+func (e *Env) setUp(ctx context.Context, url string) error {
+	err := e.connect(ctx, url)
+	if err == nil {
+		err = events.SetupBus(ctx, e.pubJS, events.DefaultBusConfig(1))
+	}
+	if err != nil {
+		e.Close()
+	}
+	return err
 }
 
 // cpu is the CPU time used so far by this process and, when the server
