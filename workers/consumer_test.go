@@ -191,6 +191,15 @@ func TestRunEndsWithAReason(t *testing.T) {
 		{"its consumer is deleted", jetstream.ErrConsumerDeleted.Error(), func(t *testing.T, _ *nats.Conn, js jetstream.JetStream, consumer string) {
 			ctx, cancel := context.WithTimeout(context.Background(), workertest.DefaultTimeout)
 			defer cancel()
+			// nats.go sends the first pull from a goroutine of its own, so
+			// Ready can come before the server holds it. Deleted then, the
+			// consumer answers nothing and its end is noticed only when
+			// heartbeats are missed (TestAConsumerGoneBeforeItsPullIsNoticed);
+			// this case is the deletion a waiting pull hears of at once.
+			workertest.WaitUntil(t, "the worker's pull waits on its consumer", func() bool {
+				c, err := js.Consumer(ctx, events.StreamEvents, consumer)
+				return err == nil && c.CachedInfo().NumWaiting > 0
+			})
 			if err := js.DeleteConsumer(ctx, events.StreamEvents, consumer); err != nil {
 				t.Fatal(err)
 			}
@@ -222,6 +231,46 @@ func TestRunEndsWithAReason(t *testing.T) {
 				t.Fatalf("Run did not return after %s", c.name)
 			}
 		})
+	}
+}
+
+// TestAConsumerGoneBeforeItsPullIsNoticed deletes a worker's consumer
+// before its first pull reaches the server: that pull, and every one
+// after, is answered by nothing (no 409, which only a waiting pull hears),
+// so the worker would pull into the void for good. Once the heartbeats it
+// asked for are missed it asks for the consumer, and ends, saying why.
+func TestAConsumerGoneBeforeItsPullIsNoticed(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	ctx, cancel := context.WithTimeout(context.Background(), workertest.DefaultTimeout)
+	defer cancel()
+	w, err := workers.New(js, spec("gone"), workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }),
+		workers.WithRegisterer(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	consumer, err := js.Consumer(ctx, events.StreamEvents, w.ConsumerName())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteConsumer(ctx, events.StreamEvents, w.ConsumerName()); err != nil {
+		t.Fatal(err)
+	}
+	done, stopped, err := workers.ReadWithPulls(w, consumer, jetstream.PullExpiry(2*time.Second), jetstream.PullHeartbeat(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatal("the worker still pulls from a consumer the server no longer has")
+	}
+	if err := stopped(); !errors.Is(err, jetstream.ErrConsumerDeleted) || !strings.Contains(err.Error(), "went unanswered") ||
+		!strings.Contains(err.Error(), "starting the worker again") {
+		t.Fatalf("the worker stopped with %v, want the consumer deleted, how that was found and what to do next", err)
 	}
 }
 

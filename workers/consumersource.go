@@ -74,7 +74,13 @@ func (c *consumerSource) read(context.Context) (<-chan struct{}, error) {
 	// lanes fed in a burst, so runs of a key form and share a checkpoint
 	// write (batch.go): a smaller one left them starved, each event of a
 	// key on its own. It costs no more memory than holding them does.
-	it, err := c.consumer.Messages(jetstream.PullMaxMessages(c.o.maxAckPending))
+	//
+	// Missing heartbeats must be reported, not only re-pulled (nats.go's
+	// default, set here because the taker rests on it): a pull that
+	// reaches the server after the consumer is gone (deleted between two
+	// pulls, or an R1 consumer lost with its server) gets no 409, only
+	// silence, and the taker then asks whether the consumer still exists.
+	it, err := c.consumer.Messages(jetstream.PullMaxMessages(c.o.maxAckPending), jetstream.WithMessagesErrOnMissingHeartbeat(true))
 	if err != nil {
 		return nil, fmt.Errorf("consume %s: %w", c.consumerName(), err)
 	}
@@ -102,6 +108,19 @@ func (c *consumerSource) take(msg jetstream.Msg) (run func()) {
 		c.m.pending.Set(float64(meta.NumPending))
 	}
 	return c.accept(msg, meta)
+}
+
+// gone says whether the consumer has gone from the server, asked when its
+// heartbeats stopped: nil while it is there, or while the server cannot
+// say (nats.go pulls again, and a lasting outage ends Run on its own).
+func (c *consumerSource) gone() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := c.consumer.Info(ctx)
+	if !errors.Is(err, jetstream.ErrConsumerNotFound) && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil
+	}
+	return fmt.Errorf("%w: its pulls went unanswered, and asked for it the server says %v", jetstream.ErrConsumerDeleted, err)
 }
 
 func (c *consumerSource) stopErr() error { return c.tk.err }

@@ -54,6 +54,15 @@ func (t *taker) loop() {
 			// comes back once; the next call says the iterator closed.
 			t.last = err
 			t.c.log.Debug().Err(err).Msg("pull interrupted")
+			// A consumer deleted while no pull of ours was waiting on it
+			// sends no status: its heartbeats just stop. Without this
+			// check the worker would pull into the void for good.
+			if errors.Is(err, jetstream.ErrNoHeartbeat) {
+				if gone := t.c.gone(); gone != nil {
+					t.last = gone
+					t.it.Stop()
+				}
+			}
 			continue
 		}
 		t.last = nil
