@@ -111,8 +111,9 @@ func (c *consumerSource) take(msg jetstream.Msg) (run func()) {
 }
 
 // gone says whether the consumer has gone from the server, asked when its
-// heartbeats stopped: nil while it is there, or while the server cannot
-// say (nats.go pulls again, and a lasting outage ends Run on its own).
+// heartbeats stopped: the error Run ends with when the server says the
+// consumer (or its stream) is not there; nil while it is, or while the
+// server cannot say, and nats.go then pulls again.
 func (c *consumerSource) gone() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
