@@ -27,7 +27,7 @@ type verdict struct {
 // letter, a wait) first records the run, so it finds the checkpoint as if
 // each event of the run had been recorded on its own.
 func (w *Runtime) process(h *held, b *batch) verdict {
-	ctx, span := w.startSpan(h, "process", w.processSpan)
+	ctx, span := w.startSpan(h, w.processSpan)
 	defer span.End()
 	start := w.now()
 	w.validate(h)

@@ -35,10 +35,19 @@ type instance struct {
 	// handlerCtx outlives the Run context by the shutdown grace, so
 	// in-flight handlers finish what they started (set by Run).
 	handlerCtx context.Context
-	// processSpan and supersedeSpan are the spans' names, made once: a
-	// name built for every event was two of the allocations the collector
-	// then had to chase at the steady rate.
-	processSpan, supersedeSpan string
+	// processSpan and supersedeSpan name the two spans a delivery can
+	// have, made once: a name built for every event was two of the
+	// allocations the collector then had to chase at the steady rate.
+	processSpan, supersedeSpan spanOperation
+}
+
+// spanOperation is a delivery span's messaging operation and the span's
+// name, which is the operation and the consumer's: kept together, so one
+// cannot be given without the other.
+type spanOperation struct{ operation, name string }
+
+func (in *instance) spanOperation(operation string) spanOperation {
+	return spanOperation{operation: operation, name: operation + " " + in.consumerName()}
 }
 
 // consumerSpan starts every delivery's span as a consumer's.
@@ -77,13 +86,12 @@ func (in *instance) delivery(h *held, cp checkpoint, rev uint64, log zerolog.Log
 // startSpan starts the span of one delivery (or of settling it as
 // superseded) in the trace of its publisher, as the CloudEvents tracing
 // extension carries it, with OpenTelemetry's messaging and CloudEvents
-// attributes, under name (processSpan or supersedeSpan) and with operation
-// as its messaging operation. The handler gets its context, so outcomes
-// continue it. The attributes are set only on a span that records:
-// building them for every event where nothing traces cost more than the
-// rest of the span.
-func (in *instance) startSpan(h *held, operation, name string) (context.Context, trace.Span) {
-	ctx, span := in.tracer.Start(tracing.Extract(in.handlerCtx, &h.event), name, consumerSpan...)
+// attributes, as op (processSpan or supersedeSpan). The handler gets its
+// context, so outcomes continue it. The attributes are set only on a span
+// that records: building them for every event where nothing traces cost
+// more than the rest of the span.
+func (in *instance) startSpan(h *held, op spanOperation) (context.Context, trace.Span) {
+	ctx, span := in.tracer.Start(tracing.Extract(in.handlerCtx, &h.event), op.name, consumerSpan...)
 	if !span.IsRecording() {
 		return ctx, span
 	}
@@ -91,7 +99,7 @@ func (in *instance) startSpan(h *held, operation, name string) (context.Context,
 	span.SetAttributes(
 		attribute.String("messaging.system", "nats"),
 		attribute.String("messaging.operation.type", "process"),
-		attribute.String("messaging.operation.name", operation),
+		attribute.String("messaging.operation.name", op.operation),
 		attribute.String("messaging.destination.name", h.msg.Subject()),
 		attribute.String("messaging.consumer.group.name", in.consumerName()),
 		attribute.String("messaging.message.id", h.event.ID()),

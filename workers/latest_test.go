@@ -184,9 +184,16 @@ func TestSupersededEventsHaveSupersedeSpans(t *testing.T) {
 		if s.SpanKind() != trace.SpanKindConsumer {
 			t.Errorf("span %q is of kind %v, want consumer", s.Name(), s.SpanKind())
 		}
-		names[s.Name()]++
+		// A span's name and its messaging operation must agree.
+		op := ""
+		for _, a := range s.Attributes() {
+			if a.Key == "messaging.operation.name" {
+				op = a.Value.AsString()
+			}
+		}
+		names[s.Name()+" ("+op+")"]++
 	}
-	if names["supersede "+r.ConsumerName()] != 2 || names["process "+r.ConsumerName()] != 1 {
-		t.Fatalf("spans %v, want 2 supersede and 1 process spans of %s", names, r.ConsumerName())
+	if names["supersede "+r.ConsumerName()+" (supersede)"] != 2 || names["process "+r.ConsumerName()+" (process)"] != 1 {
+		t.Fatalf("spans %v, want 2 supersede and 1 process spans of %s, each with its operation", names, r.ConsumerName())
 	}
 }

@@ -155,7 +155,7 @@ func newRuntime(js jetstream.JetStream, spec Spec, h Handler, o options, opts []
 		m:      newMetrics(o.registerer).forInstance(spec.Name, spec.Instance),
 		tracer: tp.Tracer(tracing.Scope),
 	}
-	in.processSpan, in.supersedeSpan = "process "+in.consumerName(), "supersede "+in.consumerName()
+	in.processSpan, in.supersedeSpan = in.spanOperation("process"), in.spanOperation("supersede")
 	w := &Runtime{
 		instance:     in,
 		jetStreams:   onServer,

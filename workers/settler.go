@@ -56,7 +56,7 @@ func (st *settler) ack(h *held, result string, log zerolog.Logger) {
 // not read), and then nothing of it is recorded: every event keeps its
 // one outcome.
 func (st *settler) supersede(h *held, byID string, bySeq uint64, b *batch) error {
-	ctx, span := st.startSpan(h, "supersede", st.supersedeSpan)
+	ctx, span := st.startSpan(h, st.supersedeSpan)
 	defer span.End()
 	span.SetAttributes(attribute.String("steward.result", resultSuperseded), attribute.String("steward.superseded_by", byID))
 	log := st.logFor(h)
