@@ -22,8 +22,6 @@ func (w *Runtime) Run(ctx context.Context) error {
 	if err := w.Ensure(ctx); err != nil {
 		return err
 	}
-	w.consuming.Store(true)
-	defer w.consuming.Store(false)
 	w.stopping.Store(false)
 	w.stop = make(chan struct{})
 	hctx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
@@ -34,6 +32,10 @@ func (w *Runtime) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Ready only once the source reads: before, a probe would call ready a
+	// worker whose subscription may yet fail.
+	w.consuming.Store(true)
+	defer w.consuming.Store(false)
 	err = w.serve(ctx, done, cancelHandlers)
 	// What the handlers settled while shutting down is saved.
 	w.src.finish(ctx)

@@ -274,6 +274,48 @@ func TestAConsumerGoneBeforeItsPullIsNoticed(t *testing.T) {
 	}
 }
 
+// TestAConnectionClosedUnnoticedByItsIteratorIsNoticed closes a worker's
+// connection under an iterator that does not close with it, as nats.go's
+// does not when the close lands while it sets up the subscription (27 of
+// 3,000 starts closed at once, under load): the worker would wait on it for
+// good. Once the heartbeats it asked for are missed it finds the
+// connection closed, and ends, saying why.
+func TestAConnectionClosedUnnoticedByItsIteratorIsNoticed(t *testing.T) {
+	srv := workertest.StartServer(t)
+	nc := srv.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), workertest.DefaultTimeout)
+	defer cancel()
+	w, err := workers.New(js, spec("unnoticed"), workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }),
+		workers.WithRegisterer(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	consumer, err := js.Consumer(ctx, events.StreamEvents, w.ConsumerName())
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, stopped, err := workers.ReadMissingItsClose(w, consumer, 500*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatal("the worker still waits on a connection that has closed")
+	}
+	if err := stopped(); !errors.Is(err, nats.ErrConnectionClosed) || !strings.Contains(err.Error(), "starting the worker again") {
+		t.Fatalf("the worker stopped with %v, want the connection closed and what to do next", err)
+	}
+}
+
 // TestPullsOnTheWireCarryTheFleetsExpiryOnlyForHosts reads the pull
 // requests themselves, as the server gets them: a host-bound instance asks
 // with the fleet's five-minute expiry and thirty-second heartbeat, a

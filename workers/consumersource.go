@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
@@ -110,11 +111,18 @@ func (c *consumerSource) take(msg jetstream.Msg) (run func()) {
 	return c.accept(msg, meta)
 }
 
-// gone says whether the consumer has gone from the server, asked when its
-// heartbeats stopped: the error Run ends with when the server says the
-// consumer (or its stream) is not there; nil while it is, or while the
-// server cannot say, and nats.go then pulls again.
+// gone says whether the consumer can no longer be read, asked when its
+// heartbeats stopped: the error Run ends with when the connection has
+// closed for good or the server says the consumer (or its stream) is not
+// there; nil while it is, or while the server cannot say, and nats.go then
+// pulls again. A closed connection is checked first because nats.go does
+// not always close the iterator on one: a close that lands while the
+// subscription is being set up leaves it waiting, heartbeats missed, for
+// good.
 func (c *consumerSource) gone() error {
+	if nc := c.js.Conn(); nc != nil && nc.IsClosed() {
+		return nats.ErrConnectionClosed
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, err := c.consumer.Info(ctx)

@@ -2,6 +2,9 @@ package workers
 
 import (
 	"context"
+	"errors"
+	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -17,6 +20,19 @@ func ReadWithPulls(w *Runtime, consumer jetstream.Consumer, opts ...jetstream.Pu
 	return done, c.stopErr, err
 }
 
+// ReadMissingItsClose is ReadWithPulls, pulling with heartbeat, over an
+// iterator that does not close when its connection does: it reports
+// missed heartbeats instead, every two heartbeats, until it is stopped.
+// That is nats.go's iterator when the connection closes while it is
+// setting up the subscription (the close lands before its closed handler
+// is set), which a test cannot time.
+func ReadMissingItsClose(w *Runtime, consumer jetstream.Consumer, heartbeat time.Duration) (<-chan struct{}, func() error, error) {
+	c := w.src.(*consumerSource)
+	c.consumer = missingClose{Consumer: pullsWith{Consumer: consumer, opts: []jetstream.PullMessagesOpt{jetstream.PullHeartbeat(heartbeat)}}, heartbeat: heartbeat}
+	done, err := c.read(context.Background())
+	return done, c.stopErr, err
+}
+
 // pullsWith is a consumer whose subscriptions pull with opts after the
 // caller's.
 type pullsWith struct {
@@ -26,4 +42,45 @@ type pullsWith struct {
 
 func (p pullsWith) Messages(opts ...jetstream.PullMessagesOpt) (jetstream.MessagesContext, error) {
 	return p.Consumer.Messages(append(opts, p.opts...)...)
+}
+
+// missingClose is a consumer whose iterators miss their close.
+type missingClose struct {
+	jetstream.Consumer
+	heartbeat time.Duration
+}
+
+func (m missingClose) Messages(opts ...jetstream.PullMessagesOpt) (jetstream.MessagesContext, error) {
+	it, err := m.Consumer.Messages(opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &closeMissed{MessagesContext: it, heartbeat: m.heartbeat, stopped: make(chan struct{})}, nil
+}
+
+// closeMissed is an iterator that, once the real one has closed on its
+// own, reports missed heartbeats until it is stopped.
+type closeMissed struct {
+	jetstream.MessagesContext
+	heartbeat time.Duration
+	once      sync.Once
+	stopped   chan struct{}
+}
+
+func (m *closeMissed) Next(opts ...jetstream.NextOpt) (jetstream.Msg, error) {
+	msg, err := m.MessagesContext.Next(opts...)
+	if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+		return msg, err
+	}
+	select {
+	case <-m.stopped:
+		return nil, err
+	case <-time.After(2 * m.heartbeat):
+		return nil, jetstream.ErrNoHeartbeat
+	}
+}
+
+func (m *closeMissed) Stop() {
+	m.once.Do(func() { close(m.stopped) })
+	m.MessagesContext.Stop()
 }

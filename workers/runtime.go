@@ -46,7 +46,7 @@ type Runtime struct {
 	ensureMu sync.Mutex
 	ensured  bool
 	storeMu  sync.Mutex
-	// consuming is set while Run serves, after Ensure.
+	// consuming is set while Run serves, once its source reads.
 	consuming atomic.Bool
 
 	// lastStatus is the status document last written (without its time).

@@ -55,8 +55,10 @@ func (t *taker) loop() {
 			t.last = err
 			t.c.log.Debug().Err(err).Msg("pull interrupted")
 			// A consumer deleted while no pull of ours was waiting on it
-			// sends no status: its heartbeats just stop. Without this
-			// check the worker would pull into the void for good.
+			// sends no status, and a connection closed while nats.go was
+			// setting up the subscription closes nothing: either way its
+			// heartbeats just stop. Without this check the worker would
+			// pull into the void for good.
 			if errors.Is(err, jetstream.ErrNoHeartbeat) {
 				if gone := t.c.gone(); gone != nil {
 					t.last = gone
