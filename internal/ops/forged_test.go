@@ -95,10 +95,13 @@ func reflect(t *testing.T, nc *nats.Conn, key, target string, msg *nats.Msg) {
 	t.Helper()
 	own := nats.NewMsg("$KV." + events.CheckpointBucket + "." + key)
 	own.Header, own.Data = msg.Header, msg.Data
-	if err := nc.PublishMsg(own); err != nil {
+	// Stored before it is asked for: a direct get that comes first
+	// answers "no message" to target, and nothing is reflected.
+	js, err := jetstream.New(nc)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := nc.Flush(); err != nil {
+	if _, err := js.PublishMsg(context.Background(), own); err != nil {
 		t.Fatal(err)
 	}
 	api := "$JS.API.DIRECT.GET.KV_" + events.CheckpointBucket + "." + own.Subject
