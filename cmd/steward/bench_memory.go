@@ -19,6 +19,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/steward-dev/steward/internal/atomicfile"
 	"github.com/steward-dev/steward/internal/devstack"
 	"github.com/steward-dev/steward/internal/natsauth"
 	"github.com/steward-dev/steward/workers/credential"
@@ -47,7 +48,11 @@ func newBenchMemoryCmd(_ *globals) *cobra.Command {
 one unless --dir is given) on free ports, wait until it prints that it is
 running, wait --settle, and read its resident memory from /proc (VmRSS, and
 how much of it is anonymous and how much is file-backed: the binary's own
-pages) and its Go heap from its /metrics. It does it twice: the first start,
+pages; and its proportional share, PSS, which divides a page that n
+processes map among them) and its Go heap from its /metrics. Each process
+runs from a copy of this binary of its own, as a worker alone on its host
+does: pages of a file several processes map count in each one's RSS, and
+stay resident for one while another maps them. It does it twice: the first start,
 which makes the keys, the streams and the private PostgreSQL, and a warm start
 on the same folder. Then, with the warm dev running, it starts one worker
 alone (` + "`steward worker credential`" + ` as dev's credential instance) and measures it
@@ -108,8 +113,12 @@ func runBenchMemory(ctx context.Context, o memoryOptions) (rows []memoryRow, err
 		return nil, fmt.Errorf("free ports: %w", err)
 	}
 	o.natsPort, o.httpPort, o.wPort = ports[0], ports[1], ports[2]
+	devExe, err := privateCopy(o.exe, filepath.Join(dir, "steward-dev"))
+	if err != nil {
+		return nil, err
+	}
 	dev := func(n int) (*benchProcess, error) {
-		return startBenchProcess(ctx, o, filepath.Join(dir, fmt.Sprintf("dev-%d.log", n)),
+		return startBenchProcess(ctx, devExe, filepath.Join(dir, fmt.Sprintf("dev-%d.log", n)),
 			"dev", "--dir", filepath.Join(dir, "dev"),
 			"--nats-listen", fmt.Sprintf("127.0.0.1:%d", o.natsPort),
 			"--http-listen", fmt.Sprintf("127.0.0.1:%d", o.httpPort))
@@ -192,7 +201,11 @@ func startBenchWorker(ctx context.Context, o memoryOptions, dir string) (*benchP
 	if err != nil {
 		return nil, err
 	}
-	return startBenchProcess(ctx, o, filepath.Join(dir, "worker.log"),
+	exe, err := privateCopy(o.exe, filepath.Join(dir, "steward-worker"))
+	if err != nil {
+		return nil, err
+	}
+	return startBenchProcess(ctx, exe, filepath.Join(dir, "worker.log"),
 		"worker", credential.Name,
 		"--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", o.natsPort),
 		"--nats-creds", filepath.Join(devDir, devstack.CredsDir, id.Name()+".creds"),
@@ -205,13 +218,13 @@ func startBenchWorker(ctx context.Context, o memoryOptions, dir string) (*benchP
 func printMemoryRows(out io.Writer, o memoryOptions, rows []memoryRow) {
 	fmt.Fprintf(out, "resident memory %v after ready (MB; dev's PostgreSQL not counted)\n", o.settle)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "process\tresident\tanonymous\tfile-backed\tGo heap in use\theap idle, kept\ttarget\t\t")
+	fmt.Fprintln(tw, "process\tresident\tanonymous\tfile-backed\tproportional\tGo heap in use\theap idle, kept\ttarget\t\t")
 	for _, r := range rows {
 		verdict := "met"
 		if over := r.mem.rss - r.target; over > 0 {
 			verdict = fmt.Sprintf("missed by %.1f", over)
 		}
-		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%s\t%s\t≤ %.0f\t%s\t\n", r.name, r.mem.rss, r.mem.anon, r.mem.file,
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%s\t%s\t≤ %.0f\t%s\t\n", r.name, r.mem.rss, r.mem.anon, r.mem.file, r.mem.pss,
 			megabytes(r.mem.heapInuse), megabytes(r.mem.heapKept), r.target, verdict)
 	}
 	tw.Flush()
@@ -228,11 +241,12 @@ func megabytes(v float64) string {
 // processMemory is what one process holds, in MB; the heap's figures are
 // -1 when its /metrics did not serve them.
 type processMemory struct {
-	rss, anon, file     float64
-	heapInuse, heapKept float64
+	rss, anon, file, pss float64
+	heapInuse, heapKept  float64
 }
 
-// benchProcess is this binary started as one of the processes measured.
+// benchProcess is a copy of this binary started as one of the processes
+// measured.
 type benchProcess struct {
 	cmd     *exec.Cmd
 	log     string
@@ -242,15 +256,34 @@ type benchProcess struct {
 	stopped bool
 }
 
-// startBenchProcess starts this binary with args, its stderr in logPath
-// and its stdout read line by line.
-func startBenchProcess(ctx context.Context, o memoryOptions, logPath string, args ...string) (*benchProcess, error) {
+// privateCopy copies this binary to path, for one measured process to run
+// alone. A file two processes map is one set of pages counted in both
+// one's RSS, and the kernel pages out for one process only what no other
+// maps: run from the bench's own file, dev and the worker would hold
+// pages only the bench (and the other) touched, which a worker alone on
+// its host does not.
+func privateCopy(exe, path string) (string, error) {
+	raw, err := os.ReadFile(exe)
+	if err != nil {
+		return "", fmt.Errorf("copy this binary for a process of its own: %w", err)
+	}
+	// Written whole and synced, as an installed binary is: the kernel
+	// pages out only clean pages.
+	if err := atomicfile.Write(path, raw, 0o755); err != nil {
+		return "", fmt.Errorf("copy this binary to %s: %w", path, err)
+	}
+	return path, nil
+}
+
+// startBenchProcess starts exe with args, its stderr in logPath and its
+// stdout read line by line.
+func startBenchProcess(ctx context.Context, exe, logPath string, args ...string) (*benchProcess, error) {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
 		return nil, err
 	}
 	defer logf.Close()
-	cmd := exec.CommandContext(ctx, o.exe, args...)
+	cmd := exec.CommandContext(ctx, exe, args...)
 	// The figures are of the defaults, and dev writes nats contexts: into
 	// the bench's own folder, so the user's steward-dev contexts keep
 	// naming the user's dev.
@@ -261,7 +294,7 @@ func startBenchProcess(ctx context.Context, o memoryOptions, logPath string, arg
 		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s %s: %w", o.exe, args[0], err)
+		return nil, fmt.Errorf("start %s %s: %w", exe, args[0], err)
 	}
 	p := &benchProcess{cmd: cmd, log: logPath, lines: make(chan string, 256), exited: make(chan struct{})}
 	go func() {
@@ -338,6 +371,15 @@ func (p *benchProcess) measure(ctx context.Context, settle time.Duration, metric
 		}
 		*v = float64(kb) * 1024 / 1e6
 	}
+	rollup, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", p.cmd.Process.Pid))
+	if err != nil {
+		return processMemory{}, fmt.Errorf("its memory: %w (bench memory reads Linux's /proc)", err)
+	}
+	kb, err := procStatusKB(string(rollup), "Pss")
+	if err != nil {
+		return processMemory{}, err
+	}
+	m.pss = float64(kb) * 1024 / 1e6
 	m.heapInuse, m.heapKept = -1, -1
 	if text, err := fetchText(ctx, metricsURL); err == nil {
 		inuse, ok1 := metricValue(text, "go_memstats_heap_inuse_bytes")

@@ -23,8 +23,8 @@ func TestBenchMemoryReportsDevAndAWorker(t *testing.T) {
 			t.Fatalf("no row %q in:\n%s\nstderr:\n%s", name, r.stdout, r.stderr)
 		}
 		fields := strings.Fields(strings.TrimPrefix(row, name))
-		// resident, anonymous, file-backed, heap in use, heap kept, ≤, target, verdict...
-		if len(fields) < 8 || fields[3] == "-" || !strings.Contains(row, want) {
+		// resident, anonymous, file-backed, proportional, heap in use, heap kept, ≤, target, verdict...
+		if len(fields) < 9 || fields[4] == "-" || !strings.Contains(row, want) {
 			t.Fatalf("row %q: want the heap from /metrics and %q:\n%s", name, want, r.stdout)
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
-	"runtime/debug"
 	"strings"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/steward-dev/steward/internal/gateway"
 	"github.com/steward-dev/steward/internal/pgserver"
 	"github.com/steward-dev/steward/internal/proof"
+	"github.com/steward-dev/steward/internal/resident"
 	"github.com/steward-dev/steward/publisher"
 	"github.com/steward-dev/steward/workers"
 	"github.com/steward-dev/steward/workers/credential"
@@ -126,8 +126,11 @@ func runDev(ctx context.Context, g *globals, rf *runtimeFlags, out io.Writer, o 
 	// What start-up allocated and dropped (a first start's release key
 	// sealed with scrypt, 64 MiB; the packages' set-up) raised the heap's
 	// goal, so an idle dev would see no collection for minutes and keep
-	// it resident: collect once and hand it back now.
-	debug.FreeOSMemory()
+	// it resident, as it would the binary's pages only init ran: hand
+	// both back now.
+	if err := resident.Trim(); err != nil {
+		g.log.Debug().Err(err).Msg("start-up pages left resident")
+	}
 	<-ctx.Done()
 	fmt.Fprintln(out, "stopping: workers finish what they hold, then the ingress, NATS and PostgreSQL stop")
 	return nil

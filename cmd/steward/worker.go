@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -13,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/steward-dev/steward/internal/ops"
+	"github.com/steward-dev/steward/internal/resident"
 	"github.com/steward-dev/steward/workers"
 )
 
@@ -142,10 +142,12 @@ func runWorker(ctx context.Context, g *globals, rf *runtimeFlags, name string, h
 		defer stop()
 		g.log.Info().Str("addr", bound).Msg("serving /metrics, /healthz and /readyz")
 	}
-	// The packages' set-up and the worker's own leave garbage an idle
-	// worker would keep resident for minutes (no allocation, no
-	// collection): collect once and hand it back before running.
-	debug.FreeOSMemory()
+	// What the packages' set-up and the worker's own left (garbage, and
+	// the binary's pages only init ran) an idle worker would keep
+	// resident: hand it back before running.
+	if err := resident.Trim(); err != nil {
+		g.log.Debug().Err(err).Msg("start-up pages left resident")
+	}
 	if err := w.Run(ctx); err != nil {
 		return err
 	}
