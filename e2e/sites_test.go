@@ -24,6 +24,7 @@ import (
 	"github.com/steward-dev/steward/internal/fleet"
 	"github.com/steward-dev/steward/internal/ops"
 	"github.com/steward-dev/steward/internal/signing"
+	"github.com/steward-dev/steward/internal/streamread"
 	"github.com/steward-dev/steward/workers"
 )
 
@@ -435,7 +436,12 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 
 	// Every event has exactly one outcome at the hub, applied or superseded.
 	outcomes := map[string][]string{}
-	waitFor(t, "every event's outcome is at the hub", 2*time.Minute, func() (bool, string) {
+	var lastLook time.Time
+	atSites := ""
+	// The hub sources each site's outcomes; a source that failed through
+	// the cut is retried by nats-server with a backoff of up to two
+	// minutes (its retryMaximum), unless the relink finds it idle.
+	waitFor(t, "every event's outcome is at the hub", 3*time.Minute, func() (bool, string) {
 		clear(outcomes)
 		err := b.each(events.StreamOutcomes, nil, func(m jetstream.Msg) error {
 			e, err := events.Decode(m.Headers(), m.Data())
@@ -449,14 +455,23 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 		if err != nil {
 			return false, err.Error()
 		}
-		missing := 0
+		missing := map[string]bool{}
 		for id := range ids {
 			if len(outcomes[id]) == 0 {
-				missing++
+				missing[id] = true
 			}
 		}
-		return missing == 0, fmt.Sprintf("%d of %d events without an outcome at the hub", missing, len(ids))
+		if len(missing) == 0 {
+			return true, ""
+		}
+		// Where the missing ones are is read every few seconds, not at
+		// every look: it reads every site's outcomes.
+		if time.Since(lastLook) > 5*time.Second {
+			lastLook, atSites = time.Now(), atTheirSites(b, ids, missing)
+		}
+		return false, fmt.Sprintf("%d of %d events without an outcome at the hub%s", len(missing), len(ids), atSites)
 	})
+	outcomesAfterHeal := time.Since(healedAt)
 	twice, superseded := 0, 0
 	for id := range ids {
 		if len(outcomes[id]) != 1 {
@@ -503,7 +518,7 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 	summary(t, closed.summaryName(),
 		"sites", 2, "instances_per_site", perSite+machinesPerSite, "hives_per_site", perSite, "machines_per_site", machinesPerSite, "read_mode", "stream", "auth", closed.name(),
 		"round1_both_sites", round(first), "cut", round(cut), "leaf_killed_during_cut", true,
-		"site_b_converged_during_cut", round(bDuringCut), "hub_reported_site_a_behind", during["site-a"].Pending, "hub_reported_site_a_oldest_pending_age", round(time.Duration(during["site-a"].OldestPendingSeconds*float64(time.Second))), "site_a_relinked_after_heal", round(relinked), "site_a_converged_after_heal", round(aAfterHeal),
+		"site_b_converged_during_cut", round(bDuringCut), "hub_reported_site_a_behind", during["site-a"].Pending, "hub_reported_site_a_oldest_pending_age", round(time.Duration(during["site-a"].OldestPendingSeconds*float64(time.Second))), "site_a_relinked_after_heal", round(relinked), "site_a_converged_after_heal", round(aAfterHeal), "outcomes_at_hub_after_heal", round(outcomesAfterHeal),
 		"events", len(ids), "superseded", superseded, "lost", lost, "duplicates_applied", dup, "backwards", backwards, "link_violations", violations)
 }
 
@@ -520,4 +535,42 @@ func siteStatusAs(t testing.TB, hubURL string, env map[string]string) map[string
 		out[s.Name] = s
 	}
 	return out
+}
+
+// atTheirSites says how many of the events missing at the hub have an
+// outcome in their own site's domain: all of them means the hub's
+// sourcing of outcomes is behind (nats-server retries a failed source
+// with a backoff of up to two minutes), fewer means outcomes were never
+// written.
+func atTheirSites(b *bus, ids map[string]string, missing map[string]bool) string {
+	atSite := 0
+	for site := range sitesOf(ids) {
+		js, err := jetstream.NewWithDomain(b.nc, site)
+		if err != nil {
+			return fmt.Sprintf(" (%s's outcomes not read: %v)", site, err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err = streamread.Each(ctx, js, streamread.Range{Stream: events.StreamOutcomes}, func(m jetstream.Msg) error {
+			if e, err := events.Decode(m.Headers(), m.Data()); err == nil {
+				if cause, _ := e.Extensions()["causationid"].(string); missing[cause] && ids[cause] == site {
+					atSite++
+				}
+			}
+			return nil
+		})
+		cancel()
+		if err != nil {
+			return fmt.Sprintf(" (%s's outcomes not read: %v)", site, err)
+		}
+	}
+	return fmt.Sprintf("; %d of them have one at their site", atSite)
+}
+
+// sitesOf is the set of sites ids names.
+func sitesOf(ids map[string]string) map[string]bool {
+	sites := map[string]bool{}
+	for _, site := range ids {
+		sites[site] = true
+	}
+	return sites
 }

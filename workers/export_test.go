@@ -14,21 +14,25 @@ import (
 // waits seconds, not nats.go's half-minute), as Run would once Ensure is
 // done. It returns what closes when the source stops, and why it did.
 func ReadWithPulls(w *Runtime, consumer jetstream.Consumer, opts ...jetstream.PullMessagesOpt) (<-chan struct{}, func() error, error) {
-	c := w.src.(*consumerSource)
-	c.consumer = pullsWith{Consumer: consumer, opts: opts}
-	done, err := c.read(context.Background())
-	return done, c.stopErr, err
+	return readFrom(w, pullsWith{Consumer: consumer, opts: opts})
 }
 
 // ReadMissingItsClose is ReadWithPulls, pulling with heartbeat, over an
 // iterator that does not close when its connection does: it reports
 // missed heartbeats instead, every two heartbeats, until it is stopped.
 // That is nats.go's iterator when the connection closes while it is
-// setting up the subscription (the close lands before its closed handler
-// is set), which a test cannot time.
+// setting up the subscription (the close can land between the
+// subscription and its closed handler), which a test cannot time.
 func ReadMissingItsClose(w *Runtime, consumer jetstream.Consumer, heartbeat time.Duration) (<-chan struct{}, func() error, error) {
+	pulls := pullsWith{Consumer: consumer, opts: []jetstream.PullMessagesOpt{jetstream.PullHeartbeat(heartbeat)}}
+	return readFrom(w, missingClose{Consumer: pulls, heartbeat: heartbeat})
+}
+
+// readFrom starts w's consumer source reading consumer, as Run would once
+// Ensure is done.
+func readFrom(w *Runtime, consumer jetstream.Consumer) (<-chan struct{}, func() error, error) {
 	c := w.src.(*consumerSource)
-	c.consumer = missingClose{Consumer: pullsWith{Consumer: consumer, opts: []jetstream.PullMessagesOpt{jetstream.PullHeartbeat(heartbeat)}}, heartbeat: heartbeat}
+	c.consumer = consumer
 	done, err := c.read(context.Background())
 	return done, c.stopErr, err
 }
