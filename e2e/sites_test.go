@@ -543,7 +543,7 @@ func siteStatusAs(t testing.TB, hubURL string, env map[string]string) map[string
 // with a backoff of up to two minutes), fewer means outcomes were never
 // written.
 func atTheirSites(b *bus, ids map[string]string, missing map[string]bool) string {
-	atSite := 0
+	atSite := map[string]bool{}
 	for site := range sitesOf(ids) {
 		js, err := jetstream.NewWithDomain(b.nc, site)
 		if err != nil {
@@ -553,7 +553,7 @@ func atTheirSites(b *bus, ids map[string]string, missing map[string]bool) string
 		err = streamread.Each(ctx, js, streamread.Range{Stream: events.StreamOutcomes}, func(m jetstream.Msg) error {
 			if e, err := events.Decode(m.Headers(), m.Data()); err == nil {
 				if cause, _ := e.Extensions()["causationid"].(string); missing[cause] && ids[cause] == site {
-					atSite++
+					atSite[cause] = true
 				}
 			}
 			return nil
@@ -563,7 +563,7 @@ func atTheirSites(b *bus, ids map[string]string, missing map[string]bool) string
 			return fmt.Sprintf(" (%s's outcomes not read: %v)", site, err)
 		}
 	}
-	return fmt.Sprintf("; %d of them have one at their site", atSite)
+	return fmt.Sprintf("; %d of them have one at their site", len(atSite))
 }
 
 // sitesOf is the set of sites ids names.

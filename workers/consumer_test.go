@@ -244,14 +244,7 @@ func TestAConsumerGoneBeforeItsPullIsNoticed(t *testing.T) {
 	js := srv.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), workertest.DefaultTimeout)
 	defer cancel()
-	w, err := workers.New(js, spec("gone"), workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }),
-		workers.WithRegisterer(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
+	w := newWorker(t, js, spec("gone"))
 	consumer, err := js.Consumer(ctx, events.StreamEvents, w.ConsumerName())
 	if err != nil {
 		t.Fatal(err)
@@ -289,14 +282,7 @@ func TestAConnectionClosedUnnoticedByItsIteratorIsNoticed(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), workertest.DefaultTimeout)
 	defer cancel()
-	w, err := workers.New(js, spec("unnoticed"), workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }),
-		workers.WithRegisterer(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
+	w := newWorker(t, js, spec("unnoticed"))
 	consumer, err := js.Consumer(ctx, events.StreamEvents, w.ConsumerName())
 	if err != nil {
 		t.Fatal(err)

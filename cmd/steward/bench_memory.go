@@ -257,7 +257,7 @@ type benchProcess struct {
 }
 
 // privateCopy copies this binary to path, for one measured process to run
-// alone. A file two processes map is one set of pages counted in both
+// alone. A file two processes map is one set of pages counted in each
 // one's RSS, and the kernel pages out for one process only what no other
 // maps: run from the bench's own file, dev and the worker would hold
 // pages only the bench (and the other) touched, which a worker alone on
