@@ -24,8 +24,7 @@ func ReadWithPulls(w *Runtime, consumer jetstream.Consumer, opts ...jetstream.Pu
 // setting up the subscription (the close can land between the
 // subscription and its closed handler), which a test cannot time.
 func ReadMissingItsClose(w *Runtime, consumer jetstream.Consumer, heartbeat time.Duration) (<-chan struct{}, func() error, error) {
-	pulls := pullsWith{Consumer: consumer, opts: []jetstream.PullMessagesOpt{jetstream.PullHeartbeat(heartbeat)}}
-	return readFrom(w, missingClose{Consumer: pulls, heartbeat: heartbeat})
+	return readFrom(w, missingClose{Consumer: consumer, heartbeat: heartbeat})
 }
 
 // readFrom starts w's consumer source reading consumer, as Run would once
@@ -48,14 +47,15 @@ func (p pullsWith) Messages(opts ...jetstream.PullMessagesOpt) (jetstream.Messag
 	return p.Consumer.Messages(append(opts, p.opts...)...)
 }
 
-// missingClose is a consumer whose iterators miss their close.
+// missingClose is a consumer whose subscriptions pull with heartbeat and
+// whose iterators miss their close.
 type missingClose struct {
 	jetstream.Consumer
 	heartbeat time.Duration
 }
 
 func (m missingClose) Messages(opts ...jetstream.PullMessagesOpt) (jetstream.MessagesContext, error) {
-	it, err := m.Consumer.Messages(opts...)
+	it, err := m.Consumer.Messages(append(opts, jetstream.PullHeartbeat(m.heartbeat))...)
 	if err != nil {
 		return nil, err
 	}

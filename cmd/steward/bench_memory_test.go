@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -26,6 +27,9 @@ func TestBenchMemoryReportsDevAndAWorker(t *testing.T) {
 		// resident, anonymous, file-backed, proportional, heap in use, heap kept, ≤, target, verdict...
 		if len(fields) < 9 || fields[4] == "-" || !strings.Contains(row, want) {
 			t.Fatalf("row %q: want the heap from /metrics and %q:\n%s", name, want, r.stdout)
+		}
+		if pss, err := strconv.ParseFloat(fields[3], 64); err != nil || pss <= 0 {
+			t.Fatalf("row %q: proportional memory %q, want a figure above 0 from smaps_rollup:\n%s", name, fields[3], r.stdout)
 		}
 	}
 }

@@ -28,6 +28,7 @@ func trimBinary() error {
 	if err != nil {
 		return fmt.Errorf("read this process's mappings to page out its binary's start-up pages: %w", err)
 	}
+	found := false
 	sc := bufio.NewScanner(bytes.NewReader(maps))
 	for sc.Scan() {
 		// start-end perms offset dev inode path
@@ -44,9 +45,14 @@ func trimBinary() error {
 		if err1 != nil || err2 != nil || to <= from {
 			continue
 		}
+		found = true
 		if _, _, errno := unix.Syscall(unix.SYS_MADVISE, uintptr(from), uintptr(to-from), unix.MADV_PAGEOUT); errno != 0 {
 			return fmt.Errorf("page out %s's start-up pages (%s): %w; they stay resident until the system reclaims them", exe, f[0], errno)
 		}
+	}
+	if !found {
+		// The binary replaced since it started shows as "(deleted)".
+		return fmt.Errorf("no read-only mapping of %s in /proc/self/maps (was it replaced since this process started?); its start-up pages stay resident until the system reclaims them", exe)
 	}
 	return nil
 }
