@@ -29,7 +29,7 @@ func testKeys(t *testing.T, by string) (*proof.Signer, *proof.Verifier) {
 func signedOutcome(t *testing.T, s *proof.Signer, subject string) (event.Event, *nats.Msg) {
 	t.Helper()
 	e := event.New()
-	e.SetID("credential-h1-7-applied-replay-01j")
+	e.SetID("credential-h1-7-replay-01j")
 	e.SetType(OutcomeType("credential", "applied"))
 	e.SetSource("/steward/credential/h1")
 	e.SetSubject("h1")

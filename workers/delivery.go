@@ -55,8 +55,10 @@ type Delivery struct {
 type backend interface {
 	// Emit stores an outcome Delivery.Emit built (its id, type, source,
 	// subject, time, causation and data are set): the runtime publishes it
-	// on the instance's outcome subject, deduplicated by its id.
-	Emit(ctx context.Context, outcome event.Event) error
+	// on the instance's outcome subject, deduplicated by its id. stored is
+	// false when an outcome of that id was already stored, and this one
+	// was dropped.
+	Emit(ctx context.Context, outcome event.Event) (stored bool, err error)
 	// SaveStage records stage as how far the handler got with d's event,
 	// for a redelivery of the same event to resume from. An error wrapping
 	// events.ErrConflict says another process moved the key on meanwhile.
@@ -111,11 +113,16 @@ func (d *Delivery) SaveStage(ctx context.Context, v any) error {
 // worker instance (the installed version, the newest host floor, ...).
 func (d *Delivery) State() *State { return d.backend.State() }
 
-// Emit publishes an outcome of this event: a CloudEvent of type
+// Emit publishes the outcome of this event: a CloudEvent of type
 // dev.steward.<Spec.OutcomeNoun>.<outcome>.v1 on steward.outcomes.<worker>.<instance>.
-// Its id is derived from the worker, the event's sequence and the outcome,
-// so a redelivery that emits it again is stored once. Never put a secret in
-// data.
+// An event has one outcome. Its id is derived from the worker, the
+// instance and the event's sequence, not from the outcome, so whatever a
+// later delivery of the same event emits inside the outcomes stream's
+// dedupe window is dropped and the first stored stands: an event applied
+// and then, its process killed before the checkpoint, redelivered behind
+// a newer one of its key keeps "applied" and gains no "superseded" (and a
+// handler that finds its own earlier work done gains no "already").
+// Emit returns nil then too, and logs it. Never put a secret in data.
 func (d *Delivery) Emit(ctx context.Context, outcome string, data any) error {
 	e, err := d.outcome(outcome, data)
 	if err == nil {
@@ -131,8 +138,14 @@ func (d *Delivery) Emit(ctx context.Context, outcome string, data any) error {
 	if err != nil {
 		return err
 	}
-	if err := d.backend.Emit(ctx, e); err != nil {
+	stored, err := d.backend.Emit(ctx, e)
+	if err != nil {
 		return fmt.Errorf("emit %s for %s (event %s): %w", outcome, d.Key, d.Event.ID(), err)
+	}
+	if !stored {
+		d.Log.Info().Str("outcome", outcome).Str("outcome_id", e.ID()).
+			Msg("this event's outcome was already stored by an earlier delivery or attempt, and it stands; " + outcome + " was not stored (an event keeps its first outcome)")
+		return nil
 	}
 	d.Log.Info().Str("outcome", outcome).Msg("outcome emitted")
 	return nil
@@ -145,7 +158,7 @@ func (d *Delivery) outcome(outcome string, data any) (event.Event, error) {
 		return event.Event{}, fmt.Errorf("outcome name: %w", err)
 	}
 	e := event.New()
-	e.SetID(d.name + "-" + d.instance + "-" + strconv.FormatUint(d.Sequence, 10) + "-" + outcome)
+	e.SetID(d.name + "-" + d.instance + "-" + strconv.FormatUint(d.Sequence, 10))
 	e.SetType(events.OutcomeType(d.noun, outcome))
 	e.SetSource("/steward/" + d.name + "/" + d.instance)
 	e.SetSubject(d.Key)
@@ -166,23 +179,27 @@ type runtimeBackend struct {
 	state *State
 }
 
-func (b *runtimeBackend) Emit(ctx context.Context, e event.Event) error {
+func (b *runtimeBackend) Emit(ctx context.Context, e event.Event) (bool, error) {
 	msg, err := events.Encode(b.in.outcomeSubject(), e)
 	if err != nil {
-		return err
+		return false, err
 	}
 	// Signed, so that a message someone made the bus store on this
 	// subject (by reflection, docs/design.md §7) is told from the
 	// instance's own: readers mark an outcome that does not verify as
 	// forged. Live, superseded and replayed outcomes all pass here.
 	if err := events.SignMessage(msg, events.StreamOutcomes, b.in.o.domain, b.in.o.signer, events.OutcomeProofContent(e)); err != nil {
-		return err
+		return false, err
 	}
-	if _, err = b.in.streams.Publish(ctx, msg, events.StreamOutcomes); err != nil {
-		return err
+	ack, err := b.in.streams.Publish(ctx, msg, events.StreamOutcomes)
+	if err != nil {
+		return false, err
+	}
+	if ack.Duplicate {
+		return false, nil
 	}
 	b.in.m.emitted(b.in.spec.OutcomeNoun, e.Type(), e.Data())
-	return nil
+	return true, nil
 }
 
 func (b *runtimeBackend) SaveStage(ctx context.Context, d *Delivery, stage json.RawMessage) error {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -50,6 +51,49 @@ func TestABurstForOneKeyAppliesTheNewestOnce(t *testing.T) {
 	}
 	if dls := workertest.DeadLetters(t, js, testWorker, "burst"); len(dls) != 0 {
 		t.Fatalf("%d dead letters, want none", len(dls))
+	}
+}
+
+// TestAnEventAppliedByAWorkerKilledBeforeItsCheckpointKeepsItsOutcome kills
+// a worker after its handler applied version 1 and emitted "applied", before
+// the checkpoint recorded it; version 2 is published meanwhile. The next
+// worker gets version 1 back behind version 2 and supersedes it without
+// knowing it was applied. The history must still say what happened, once:
+// version 1 applied, version 2 applied, no "superseded" after "applied".
+func TestAnEventAppliedByAWorkerKilledBeforeItsCheckpointKeepsItsOutcome(t *testing.T) {
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	const ackWait = 500 * time.Millisecond
+	sp := latestSpec("killed-after-apply")
+	dieHoldingAfter(t, srv, sp, ackWait, func() { publishRotation(t, js, "hive-k", 1) },
+		func(ctx context.Context, d *workers.Delivery) error { return d.Emit(ctx, "applied", nil) })
+	publishRotation(t, js, "hive-k", 2)
+	rec := newRecorder()
+	reg := prometheus.NewRegistry()
+	r := workertest.Start(t, js, sp, workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		rec.record(d.Key, versionOf(t, d))
+		return d.Emit(ctx, "applied", nil)
+	}), workers.WithAckWait(ackWait), workers.WithRegisterer(reg))
+	workertest.WaitIdle(t, js, r.ConsumerName())
+
+	if rec.count(1) != 0 || rec.count(2) != 1 {
+		t.Fatalf("the second worker handled version 1 %d times and version 2 %d times; want 0 (superseded) and 1", rec.count(1), rec.count(2))
+	}
+	if n := counter(t, reg, "superseded"); n != 1 {
+		t.Fatalf("steward_events_total{result=superseded} = %v, want 1 (version 1 settled as superseded)", n)
+	}
+	byEvent := map[string][]string{}
+	for _, o := range workertest.Outcomes(t, js, testWorker, "killed-after-apply") {
+		cause, _ := o.Extensions()["causationid"].(string)
+		byEvent[cause] = append(byEvent[cause], o.ID()+" "+strings.TrimSuffix(strings.TrimPrefix(o.Type(), "dev.steward."+testWorker+"."), ".v1"))
+	}
+	if len(byEvent) != 2 {
+		t.Fatalf("outcomes by event %v, want one for each of the 2 events", byEvent)
+	}
+	for cause, got := range byEvent {
+		if len(got) != 1 || !strings.HasSuffix(got[0], " applied") {
+			t.Errorf("event %s has outcomes %v, want its one applied", cause, got)
+		}
 	}
 }
 

@@ -155,17 +155,18 @@ type replayEmitter struct {
 	out []string
 }
 
-func (b *replayEmitter) Emit(ctx context.Context, e event.Event) error {
+func (b *replayEmitter) Emit(ctx context.Context, e event.Event) (bool, error) {
 	e.SetExtension(events.ReplayExtension, true)
 	e.SetExtension(events.ReplayIDExtension, b.run.id)
 	e.SetID(e.ID() + "-replay-" + b.run.id)
-	if err := b.run.w.backend.Emit(ctx, e); err != nil {
-		return err
+	stored, err := b.run.w.backend.Emit(ctx, e)
+	if err != nil || !stored {
+		return stored, err
 	}
 	b.mu.Lock()
 	b.out = append(b.out, outcomeOfType(e.Type()))
 	b.mu.Unlock()
-	return nil
+	return true, nil
 }
 
 func (b *replayEmitter) names() []string {

@@ -72,6 +72,8 @@ func (st *settler) supersede(h *held, byID string, bySeq uint64, b *batch) error
 		// Emitted before the run's checkpoint write: a crash between
 		// the two supersedes h again on its redelivery, under the same
 		// outcome id, which the outcomes stream's dedupe window drops.
+		// So is this one when a killed process had handled h and
+		// emitted its outcome before its run's write: h keeps that one.
 		d := st.delivery(h, cp, rev, log)
 		if err := d.Emit(ctx, events.OutcomeSuperseded, events.Superseded{
 			Key: h.key, EventID: h.event.ID(), Sequence: h.seq,

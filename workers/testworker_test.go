@@ -101,6 +101,13 @@ func counter(t testing.TB, reg *prometheus.Registry, result string) float64 {
 // connection is gone: the server redelivers the event only after AckWait.
 func dieHolding(t *testing.T, srv *workertest.Server, sp workers.Spec, ackWait time.Duration, publish func()) {
 	t.Helper()
+	dieHoldingAfter(t, srv, sp, ackWait, publish, nil)
+}
+
+// dieHoldingAfter is dieHolding whose handler first calls work, when
+// given, as a handler killed after some of its work does.
+func dieHoldingAfter(t *testing.T, srv *workertest.Server, sp workers.Spec, ackWait time.Duration, publish func(), work func(context.Context, *workers.Delivery) error) {
+	t.Helper()
 	nc := srv.Connect(t)
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -111,6 +118,11 @@ func dieHolding(t *testing.T, srv *workertest.Server, sp workers.Spec, ackWait t
 	t.Cleanup(func() { close(hang) })
 	var once sync.Once
 	workertest.Start(t, js, sp, workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		if work != nil {
+			if err := work(ctx, d); err != nil {
+				t.Error(err)
+			}
+		}
 		once.Do(func() { close(started) })
 		select {
 		case <-hang:

@@ -181,15 +181,15 @@ func TestForgedOutcomesAndLettersAreMarkedInHistory(t *testing.T) {
 		return len(h.Entries) == 2+1+1+4+3
 	})
 	want := map[string]string{
-		"credential-h1-1-applied": "",
-		dead:                      "", // the genuine letter
-		"forged-unsigned":         "carries no proof of its writer (only credential-h1 writes steward.outcomes.credential.h1)",
-		"forged-other-instance":   "written by credential-h9",
-		"forged-impostor":         "the key is not credential-h1's",
-		"forged-reflected":        "reflected onto steward.outcomes.credential.h1 by a direct get of $KV.STEWARD_CHECKPOINTS.st.credential.h9.outcome",
-		"letter-unsigned":         "carries no proof of its writer (only credential-h1 writes steward.dlq.credential.h1)",
-		"letter-other-instance":   "written by credential-h9",
-		"letter-reflected":        "reflected onto steward.dlq.credential.h1 by a direct get of $KV.STEWARD_CHECKPOINTS.st.credential.h9.letter",
+		"credential-h1-1":       "",
+		dead:                    "", // the genuine letter
+		"forged-unsigned":       "carries no proof of its writer (only credential-h1 writes steward.outcomes.credential.h1)",
+		"forged-other-instance": "written by credential-h9",
+		"forged-impostor":       "the key is not credential-h1's",
+		"forged-reflected":      "reflected onto steward.outcomes.credential.h1 by a direct get of $KV.STEWARD_CHECKPOINTS.st.credential.h9.outcome",
+		"letter-unsigned":       "carries no proof of its writer (only credential-h1 writes steward.dlq.credential.h1)",
+		"letter-other-instance": "written by credential-h9",
+		"letter-reflected":      "reflected onto steward.dlq.credential.h1 by a direct get of $KV.STEWARD_CHECKPOINTS.st.credential.h9.letter",
 	}
 	seen := map[string]bool{}
 	for _, e := range h.Entries {

@@ -281,7 +281,7 @@ func TestHistoryOfOneKey(t *testing.T) {
 	for _, e := range h.Entries {
 		got = append(got, e.Kind+":"+e.ID)
 	}
-	want := []string{"event:" + first, "event:" + second, "outcome:credential-h1-1-applied", "dead-letter:" + second}
+	want := []string{"event:" + first, "event:" + second, "outcome:credential-h1-1", "dead-letter:" + second}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("history %v, want %v", got, want)
 	}
@@ -462,7 +462,7 @@ func TestFollowHistoryShowsWhatIsStoredNext(t *testing.T) {
 			}
 		}
 	})
-	want := []string{"event:" + second, "outcome:credential-h1-1-applied", "outcome:credential-h1-3-applied"}
+	want := []string{"event:" + second, "outcome:credential-h1-1", "outcome:credential-h1-3"}
 	if strings.Join(seen, " ") != strings.Join(want, " ") {
 		t.Fatalf("followed %v, want %v", seen, want)
 	}

@@ -177,7 +177,7 @@ func TestWorkAppliesOneEventAndRecordsWhatItDid(t *testing.T) {
 	}
 	o := res.Outcome("applied")
 	// The runtime's ids and types: <worker>-<instance>-<seq>-<outcome>.
-	if o.ID() != "demo-h1-1-applied" || o.Type() != events.OutcomeType("demo", "applied") || o.Source() != "/steward/demo/h1" || o.Subject() != "h1" {
+	if o.ID() != "demo-h1-1" || o.Type() != events.OutcomeType("demo", "applied") || o.Source() != "/steward/demo/h1" || o.Subject() != "h1" {
 		t.Fatalf("outcome %s %s %s %s", o.ID(), o.Type(), o.Source(), o.Subject())
 	}
 	if got := workertest.OutcomeAs[map[string]uint64](res, "applied"); got["version"] != 3 {
