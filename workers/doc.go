@@ -78,8 +78,10 @@ fifth worker, tests it with workertest and registers it.
 
 Outcomes are CloudEvents of type dev.steward.<noun>.<outcome>.v1 on
 steward.outcomes.<worker>.<instance> (events.OutcomeType and
-events.OutcomeSubject), with ids derived from the worker, the event's
-sequence and the outcome, so a redelivery that emits again is stored once.
+events.OutcomeSubject). An event has one outcome: its id is derived from
+the worker, the instance and the event's sequence, so whatever a
+redelivery emits again, the same or not, is not stored again (within the
+outcomes stream's dedupe window) and the first stands.
 Never put a secret in an outcome, a log line or an error.
 */
 package workers

@@ -176,7 +176,7 @@ func TestWorkAppliesOneEventAndRecordsWhatItDid(t *testing.T) {
 		t.Fatal(res.Err())
 	}
 	o := res.Outcome("applied")
-	// The runtime's ids and types: <worker>-<instance>-<seq>-<outcome>.
+	// The runtime's ids and types: <worker>-<instance>-<seq>, one an event.
 	if o.ID() != "demo-h1-1" || o.Type() != events.OutcomeType("demo", "applied") || o.Source() != "/steward/demo/h1" || o.Subject() != "h1" {
 		t.Fatalf("outcome %s %s %s %s", o.ID(), o.Type(), o.Source(), o.Subject())
 	}
