@@ -121,7 +121,8 @@ func (d *Delivery) State() *State { return d.backend.State() }
 // dedupe window is dropped and the first stored stands: an event applied
 // and then, its process killed before the checkpoint, redelivered behind
 // a newer one of its key keeps "applied" and gains no "superseded" (and a
-// handler that finds its own earlier work done gains no "already").
+// join redelivered after it armed its box keeps "armed" and gains no
+// "armed-already").
 // Emit returns nil then too, and logs it. Never put a secret in data.
 func (d *Delivery) Emit(ctx context.Context, outcome string, data any) error {
 	e, err := d.outcome(outcome, data)

@@ -1,6 +1,7 @@
 package workers_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"math"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -70,10 +72,12 @@ func TestAnEventAppliedByAWorkerKilledBeforeItsCheckpointKeepsItsOutcome(t *test
 	publishRotation(t, js, "hive-k", 2)
 	rec := newRecorder()
 	reg := prometheus.NewRegistry()
+	var logs bytes.Buffer
+	var logMu sync.Mutex
 	r := workertest.Start(t, js, sp, workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
 		rec.record(d.Key, versionOf(t, d))
 		return d.Emit(ctx, "applied", nil)
-	}), workers.WithAckWait(ackWait), workers.WithRegisterer(reg))
+	}), workers.WithAckWait(ackWait), workers.WithRegisterer(reg), workers.WithLogger(zerolog.New(lockedWriter{&logMu, &logs})))
 	workertest.WaitIdle(t, js, r.ConsumerName())
 
 	if rec.count(1) != 0 || rec.count(2) != 1 {
@@ -94,6 +98,12 @@ func TestAnEventAppliedByAWorkerKilledBeforeItsCheckpointKeepsItsOutcome(t *test
 		if len(got) != 1 || !strings.HasSuffix(got[0], " applied") {
 			t.Errorf("event %s has outcomes %v, want its one applied", cause, got)
 		}
+	}
+	// The operator is told why no superseded outcome follows.
+	logMu.Lock()
+	defer logMu.Unlock()
+	if !strings.Contains(logs.String(), "superseded was not stored (an event keeps its first outcome)") {
+		t.Errorf("the log does not say the superseded outcome was dropped:\n%s", logs.String())
 	}
 }
 
