@@ -41,6 +41,18 @@ func newWorker(t *testing.T, js jetstream.JetStream, s workers.Spec, opts ...wor
 	return w
 }
 
+// newWorkerConsumer is newWorker and the consumer Ensure made for it, for
+// a test that reads it through the runtime's source (ReadWithPulls).
+func newWorkerConsumer(t *testing.T, js jetstream.JetStream, s workers.Spec) (*workers.Runtime, jetstream.Consumer) {
+	t.Helper()
+	w := newWorker(t, js, s)
+	c, err := js.Consumer(context.Background(), events.StreamEvents, w.ConsumerName())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w, c
+}
+
 func fleetConsumerInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.ConsumerInfo {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -244,11 +256,7 @@ func TestAConsumerGoneBeforeItsPullIsNoticed(t *testing.T) {
 	js := srv.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), workertest.DefaultTimeout)
 	defer cancel()
-	w := newWorker(t, js, spec("gone"))
-	consumer, err := js.Consumer(ctx, events.StreamEvents, w.ConsumerName())
-	if err != nil {
-		t.Fatal(err)
-	}
+	w, consumer := newWorkerConsumer(t, js, spec("gone"))
 	if err := js.DeleteConsumer(ctx, events.StreamEvents, w.ConsumerName()); err != nil {
 		t.Fatal(err)
 	}
@@ -275,23 +283,15 @@ func TestAConsumerGoneBeforeItsPullIsNoticed(t *testing.T) {
 // connection closed, and ends, saying why.
 func TestAConnectionClosedUnnoticedByItsIteratorIsNoticed(t *testing.T) {
 	srv := workertest.StartServer(t)
-	nc := srv.Connect(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := srv.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), workertest.DefaultTimeout)
 	defer cancel()
-	w := newWorker(t, js, spec("unnoticed"))
-	consumer, err := js.Consumer(ctx, events.StreamEvents, w.ConsumerName())
-	if err != nil {
-		t.Fatal(err)
-	}
+	w, consumer := newWorkerConsumer(t, js, spec("unnoticed"))
 	done, stopped, err := workers.ReadMissingItsClose(w, consumer, 500*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
-	nc.Close()
+	js.Conn().Close()
 	select {
 	case <-done:
 	case <-ctx.Done():
