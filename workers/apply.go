@@ -2,6 +2,7 @@ package workers
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
@@ -83,8 +84,9 @@ func (w *Runtime) process(h *held, b *batch) verdict {
 // joined b, to be recorded and acked with the lane's run; skipped: acked)
 // or deferred (with the sequence it waits behind), or the handler's error.
 func (w *Runtime) apply(ctx context.Context, h *held, b *batch, log zerolog.Logger) (string, uint64, error) {
-	cp, rev, cached := b.view()
-	if !cached {
+	cp, rev, inRun := b.view()
+	cached := inRun
+	if !inRun {
 		var err error
 		if cp, rev, cached, err = w.cps.forLane(ctx, h); err != nil {
 			return "", 0, err
@@ -99,7 +101,20 @@ func (w *Runtime) apply(ctx context.Context, h *held, b *batch, log zerolog.Logg
 	}
 	if h.seq <= cp.Applied {
 		// A late redelivery of something older than what was applied:
-		// applying it would roll the key back.
+		// applying it would roll the key back. It is acked at once, so
+		// what says it was applied must be stored first: when that is
+		// the lane's run, not written yet, the run is recorded now.
+		// Acked above the stored checkpoint, a kill before the run's
+		// write would leave this event gone from the consumer yet, to
+		// the order scan, unsettled, and the key's later events waiting
+		// behind it for orderWait (CI met it: 33 minutes in the fault
+		// test). When the write fails, the run is put back and this
+		// event is retried with it.
+		if inRun {
+			if err := w.flush(b); err != nil {
+				return "", 0, fmt.Errorf("skip %s (event %s), older than the unrecorded applied %d: %w", h.key, h.event.ID(), cp.Applied, err)
+			}
+		}
 		w.settler.ack(h, resultSkipped, log)
 		log.Info().Uint64("applied", cp.Applied).Msg("event is older than the last applied for its key; skipped")
 		return resultSkipped, 0, nil

@@ -93,11 +93,14 @@ func (b *batch) view() (cp checkpoint, rev uint64, ok bool) {
 // events. When the write fails, each event is put back in its place to be
 // recorded again later without running its handler again (held.handled),
 // after its backoff.
-func (w *Runtime) flush(b *batch) {
+//
+// It returns the write's error: nothing of the run is acked then.
+func (w *Runtime) flush(b *batch) error {
 	if b.empty() {
-		return
+		return nil
 	}
-	if err := w.settler.recordRun(b); err != nil {
+	err := w.settler.recordRun(b)
+	if err != nil {
 		for _, h := range b.events {
 			// A superseded one is superseded again after its backoff,
 			// like the others are recorded again, not at once.
@@ -111,4 +114,5 @@ func (w *Runtime) flush(b *batch) {
 	}
 	// The confirmation goroutine keeps the run's slice: start a new one.
 	b.events = nil
+	return err
 }
