@@ -18,7 +18,7 @@
 package main
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -211,22 +211,28 @@ func open(dir string, pause time.Duration) (*handler, error) {
 	}
 	path := filepath.Join(dir, LogFile)
 	logged := map[uint64]bool{}
-	if f, err := os.Open(path); err == nil {
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			var a Applied
-			if err := json.Unmarshal(sc.Bytes(), &a); err != nil {
-				f.Close()
-				return nil, fmt.Errorf("%s holds a broken line %q: %w", path, sc.Text(), err)
-			}
-			logged[a.Seq] = true
-		}
-		f.Close()
-		if err := sc.Err(); err != nil {
-			return nil, err
-		}
-	} else if !errors.Is(err, fs.ErrNotExist) {
+	raw, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
+	}
+	// A kill can land inside a line's write: the kernel stops a write to a
+	// file at a page boundary when the process is killed, so the last line
+	// can be cut short. Its event's state file was written first and the
+	// event was not acked, so its redelivery logs it again ("recovered"):
+	// the cut line is dropped, as if it had not been written. Only the
+	// last line can be cut; a broken line before it is refused.
+	if whole := bytes.LastIndexByte(raw, '\n') + 1; whole < len(raw) {
+		if err := os.Truncate(path, int64(whole)); err != nil {
+			return nil, fmt.Errorf("drop the line a kill cut short at the end of %s: %w", path, err)
+		}
+		raw = raw[:whole]
+	}
+	for line := range bytes.Lines(raw) {
+		var a Applied
+		if err := json.Unmarshal(line, &a); err != nil {
+			return nil, fmt.Errorf("%s holds a broken line %q: %w", path, line, err)
+		}
+		logged[a.Seq] = true
 	}
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
