@@ -109,9 +109,11 @@ func (w *Runtime) apply(ctx context.Context, h *held, b *batch, log zerolog.Logg
 		// the order scan, unsettled, and the key's later events waiting
 		// behind it for orderWait (CI met it: 33 minutes in the fault
 		// test). When the write fails, the run is put back and this
-		// event is retried with it.
+		// event is retried with it, as skipped: never handled, which
+		// would apply it after the newer one.
 		if inRun {
 			if err := w.flush(b); err != nil {
+				h.handled = resultSkipped
 				return "", 0, fmt.Errorf("skip %s (event %s), older than the unrecorded applied %d: %w", h.key, h.event.ID(), cp.Applied, err)
 			}
 		}
