@@ -107,10 +107,10 @@ func (w *Runtime) apply(ctx context.Context, h *held, b *batch, log zerolog.Logg
 		// Acked above the stored checkpoint, a kill before the run's
 		// write would leave this event gone from the consumer yet, to
 		// the order scan, unsettled, and the key's later events waiting
-		// behind it for orderWait (CI met it: 33 minutes in the fault
-		// test). When the write fails, the run is put back and this
-		// event is retried with it, as skipped: never handled, which
-		// would apply it after the newer one.
+		// behind it for orderWait (33 minutes in the e2e fault test,
+		// whose CI run once stalled so). When the write fails, the run
+		// is put back and this event is retried with it, as skipped:
+		// never handled, which would apply it after the newer one.
 		if inRun {
 			if err := w.flush(b); err != nil {
 				h.handled = resultSkipped
