@@ -174,8 +174,7 @@ const truncatedHeaderBytes = 256
 func NewDeadLetter(src LetterSource) (*nats.Msg, string) {
 	msg, digest := newDeadLetter(src)
 	if src.Signer != nil {
-		// SignMessage fails only to marshal a Proof, which cannot fail.
-		_ = SignMessage(msg, StreamDLQ, src.Domain, src.Signer, DeadLetterProofContent(msg.Header, msg.Data))
+		SignMessage(msg, StreamDLQ, src.Domain, src.Signer, DeadLetterProofContent(msg.Header, msg.Data))
 	}
 	return msg, digest
 }

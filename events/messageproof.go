@@ -40,9 +40,22 @@ func MessageScope(stream, domain, subject string) proof.Scope {
 // no two different messages share an encoding whatever their values hold.
 type contentWriter struct{ b []byte }
 
+// newContentWriter starts a content with room for its attributes and
+// data, so a worker signing an outcome for every event does not copy it
+// as it grows.
+func newContentWriter(data []byte) *contentWriter {
+	return &contentWriter{b: make([]byte, 0, 512+len(data))}
+}
+
 func (w *contentWriter) part(s string) {
 	w.b = binary.BigEndian.AppendUint64(w.b, uint64(len(s)))
 	w.b = append(w.b, s...)
+}
+
+// data is part for the data, without copying it to a string first.
+func (w *contentWriter) data(b []byte) {
+	w.b = binary.BigEndian.AppendUint64(w.b, uint64(len(b)))
+	w.b = append(w.b, b...)
 }
 
 // OutcomeProofContent is what an outcome's proof signs: its id, type,
@@ -52,7 +65,7 @@ func (w *contentWriter) part(s string) {
 // string form (types.Format, as the codec writes them), so the event the
 // runtime signs and the one a reader decodes give the same bytes.
 func OutcomeProofContent(e event.Event) []byte {
-	w := &contentWriter{}
+	w := newContentWriter(e.Data())
 	w.part("steward.outcome.v1")
 	attr := func(name, value string) {
 		w.part(name)
@@ -84,7 +97,7 @@ func OutcomeProofContent(e event.Event) []byte {
 		attr("ext:"+strings.ToLower(k), s)
 	}
 	w.part("data")
-	w.part(string(e.Data()))
+	w.data(e.Data())
 	return w.b
 }
 
@@ -117,7 +130,7 @@ func DeadLetterProofContent(h nats.Header, data []byte) []byte {
 		merged[lk] = append(merged[lk], h[k]...)
 	}
 	slices.Sort(lower)
-	w := &contentWriter{}
+	w := newContentWriter(data)
 	w.part("steward.dead-letter.v1")
 	for _, k := range lower {
 		for _, v := range merged[k] {
@@ -126,30 +139,25 @@ func DeadLetterProofContent(h nats.Header, data []byte) []byte {
 		}
 	}
 	w.part("data")
-	w.part(string(data))
+	w.data(data)
 	return w.b
 }
 
 // SignMessage puts s's detached proof of content, for msg's subject in
 // stream, into msg's proof.Header.
-func SignMessage(msg *nats.Msg, stream, domain string, s *proof.Signer, content []byte) error {
-	raw, err := json.Marshal(s.Sign(MessageScope(stream, domain, msg.Subject), 0, content))
-	if err != nil {
-		return fmt.Errorf("sign %s: %w", msg.Subject, err)
-	}
+func SignMessage(msg *nats.Msg, stream, domain string, s *proof.Signer, content []byte) {
+	raw := s.AppendProof(nil, MessageScope(stream, domain, msg.Subject), 0, content)
 	if msg.Header == nil {
 		msg.Header = nats.Header{}
 	}
 	msg.Header.Set(proof.Header, string(raw))
-	return nil
 }
 
 // proofSize is how many bytes s's proof header adds to a message: a
 // signature and a key are of fixed size, so one made over nothing weighs
 // what any will.
 func proofSize(s *proof.Signer, scope proof.Scope) int {
-	raw, _ := json.Marshal(s.Sign(scope, 0, nil))
-	return len(proof.Header) + len(raw) + 4
+	return len(proof.Header) + len(s.AppendProof(nil, scope, 0, nil)) + 4
 }
 
 // SubjectWriter is the one identity that writes subject, an instance's

@@ -58,9 +58,7 @@ func encodeOn(t *testing.T, subject string, e event.Event, s *proof.Signer, sign
 	if s != nil {
 		signed := nats.NewMsg(signedFor)
 		signed.Header = msg.Header
-		if err := events.SignMessage(signed, events.StreamOutcomes, "", s, events.OutcomeProofContent(e)); err != nil {
-			t.Fatal(err)
-		}
+		events.SignMessage(signed, events.StreamOutcomes, "", s, events.OutcomeProofContent(e))
 	}
 	return msg
 }

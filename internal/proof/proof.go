@@ -87,21 +87,20 @@ var (
 // message is what a signature covers. Every part but the content is
 // length-free text with no NUL, so NUL separates them unambiguously.
 func message(s Scope, by string, n uint64, content []byte) []byte {
-	var b bytes.Buffer
-	b.WriteString("steward.proof.v1\x00")
-	b.WriteString(s.Bucket)
-	b.WriteByte(0)
-	b.WriteString(s.Domain)
-	b.WriteByte(0)
-	b.WriteString(s.Key)
-	b.WriteByte(0)
-	b.WriteString(strconv.FormatUint(n, 10))
-	b.WriteByte(0)
-	b.WriteString(by)
-	b.WriteByte(0)
-	b.Write(content)
-	return b.Bytes()
+	// Sized once: the content is copied whole (ed25519 signs one buffer),
+	// and a buffer grown as it is written copied it again at every step.
+	b := make([]byte, 0, len(messagePrefix)+len(s.Bucket)+len(s.Domain)+len(s.Key)+len(by)+25+len(content))
+	b = append(b, messagePrefix...)
+	b = append(append(b, s.Bucket...), 0)
+	b = append(append(b, s.Domain...), 0)
+	b = append(append(b, s.Key...), 0)
+	b = append(strconv.AppendUint(b, n, 10), 0)
+	b = append(append(b, by...), 0)
+	return append(b, content...)
 }
+
+// messagePrefix starts every message a proof signs: the format.
+const messagePrefix = "steward.proof.v1\x00"
 
 // Seal returns content, a JSON object, with the signer's proof appended as
 // its last member. content must not have a "proof" member of its own.
@@ -110,18 +109,16 @@ func (s *Signer) Seal(scope Scope, n uint64, content []byte) ([]byte, error) {
 	if len(content) < 2 || content[0] != '{' || content[len(content)-1] != '}' {
 		return nil, fmt.Errorf("seal %s: the content is not a JSON object", scope.Key)
 	}
-	p, err := json.Marshal(s.Sign(scope, n, content))
-	if err != nil {
-		return nil, err
-	}
-	out := make([]byte, 0, len(content)+len(p)+12)
+	out := make([]byte, 0, len(content)+1+len(member)+s.proofSize()+1)
 	out = append(out, content[:len(content)-1]...)
-	if !bytes.Equal(bytes.TrimSpace(content[1:len(content)-1]), nil) {
+	if len(bytes.TrimSpace(content[1:len(content)-1])) != 0 {
 		out = append(out, ',')
 	}
 	out = append(out, member...)
-	out = append(out, p...)
-	return append(out, '}'), nil
+	out = append(s.AppendProof(out, scope, n, content), '}')
+	// Clipped: the room left over is not the caller's to append into (a
+	// copy appended to would write into this one).
+	return out[:len(out):len(out)], nil
 }
 
 // Sign makes a detached proof of content for scope.
@@ -131,6 +128,21 @@ func (s *Signer) Sign(scope Scope, n uint64, content []byte) Proof {
 		Sig: base64.StdEncoding.EncodeToString(ed25519.Sign(s.priv, message(scope, s.by, n, content))),
 	}
 }
+
+// AppendProof appends the JSON of Sign's proof of content for scope to
+// dst, the bytes json.Marshal makes of it: how a proof is stored, as a
+// document's last member (Seal) or a message's header.
+func (s *Signer) AppendProof(dst []byte, scope Scope, n uint64, content []byte) []byte {
+	dst = append(dst, s.head...)
+	dst = strconv.AppendUint(dst, n, 10)
+	dst = append(dst, s.tail...)
+	dst = base64.StdEncoding.AppendEncode(dst, ed25519.Sign(s.priv, message(scope, s.by, n, content)))
+	return append(dst, `"}`...)
+}
+
+// proofSize is at least the length of any proof AppendProof makes: a
+// counter is at most 20 digits and a signature 88 in base64.
+func (s *Signer) proofSize() int { return len(s.head) + 20 + len(s.tail) + 88 + 2 }
 
 // Split separates a stored document into the content its proof signs and
 // the proof. A document with no proof returns itself and ErrUnsigned.

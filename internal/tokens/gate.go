@@ -280,10 +280,7 @@ func (g *Gate) audit(ctx context.Context, a Signed) error {
 		return err
 	}
 	if g.cfg.Audit != nil {
-		p, err := json.Marshal(g.cfg.Audit.Sign(proof.Scope{Bucket: events.StreamOutcomes, Key: subject}, 1, msg.Data))
-		if err != nil {
-			return err
-		}
+		p := g.cfg.Audit.AppendProof(nil, proof.Scope{Bucket: events.StreamOutcomes, Key: subject}, 1, msg.Data)
 		msg.Header.Set(proof.Header, string(p))
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
