@@ -223,7 +223,7 @@ var stallWait = jetstream.WithStallWait(30 * time.Second)
 // second, noting when each left, and waits for every publish ack.
 func (e *Env) publish(ctx context.Context, t *tracker, msgs []*nats.Msg, rate int) error {
 	futures := make([]jetstream.PubAckFuture, len(msgs))
-	t.cpu = t.cpuNow()
+	t.cpu, t.heap = t.cpuNow(), heapNow()
 	start := time.Now()
 	for i, m := range msgs {
 		if rate > 0 {

@@ -30,6 +30,15 @@ type Measure struct {
 	// ack). An external path's is its program's and the server's process's
 	// over the same stretch.
 	CPU time.Duration
+	// Alloc is the bytes allocated per event on the Go heap of the
+	// process running the path (its publisher and its consumer; the
+	// server's too with --server embedded), and Collections the garbage
+	// collections it ran meanwhile. On 2 cores a collection's marking
+	// takes a core from the handlers while it runs, so the events that
+	// arrive then make much of a path's p99: a path that allocates more
+	// collects more often and has more of them (docs/benchmarks.md).
+	Alloc       uint64
+	Collections uint64
 }
 
 // Line is the measure as the report prints it, named name.
@@ -40,9 +49,10 @@ func (m Measure) Line(name string) string {
 		}
 		return v.Round(10 * time.Microsecond)
 	}
-	return fmt.Sprintf("%-40s %6d events in %8v %9.0f events/s (published %6.0f/s)   handler p50 %9v p99 %9v   settled p50 %9v p99 %9v   CPU %7v/event\n",
+	return fmt.Sprintf("%-40s %6d events in %8v %9.0f events/s (published %6.0f/s)   handler p50 %9v p99 %9v   settled p50 %9v p99 %9v   CPU %7v/event   heap %6d B/event %3d GCs\n",
 		name, m.Events, m.Elapsed.Round(time.Millisecond), m.PerSecond, m.Published,
-		d(m.Handler.P50), d(m.Handler.P99), d(m.Settled.P50), d(m.Settled.P99), m.CPU.Round(time.Microsecond))
+		d(m.Handler.P50), d(m.Handler.P99), d(m.Settled.P50), d(m.Settled.P99), m.CPU.Round(time.Microsecond),
+		m.Alloc, m.Collections)
 }
 
 // Round is one measure of each path, taken one after the other. The raw
@@ -228,11 +238,13 @@ func medianMeasure(ms []Measure) Measure {
 		return time.Duration(medianBy(ms, func(m Measure) int64 { return int64(of(m)) }))
 	}
 	return Measure{
-		Events:    ms[0].Events,
-		Elapsed:   d(func(m Measure) time.Duration { return m.Elapsed }),
-		PerSecond: medianBy(ms, func(m Measure) float64 { return m.PerSecond }),
-		Published: medianBy(ms, func(m Measure) float64 { return m.Published }),
-		CPU:       d(func(m Measure) time.Duration { return m.CPU }),
+		Events:      ms[0].Events,
+		Elapsed:     d(func(m Measure) time.Duration { return m.Elapsed }),
+		PerSecond:   medianBy(ms, func(m Measure) float64 { return m.PerSecond }),
+		Published:   medianBy(ms, func(m Measure) float64 { return m.Published }),
+		CPU:         d(func(m Measure) time.Duration { return m.CPU }),
+		Alloc:       uint64(medianBy(ms, func(m Measure) int64 { return int64(m.Alloc) })),
+		Collections: uint64(medianBy(ms, func(m Measure) int64 { return int64(m.Collections) })),
 		Handler: Latency{
 			P50: d(func(m Measure) time.Duration { return m.Handler.P50 }),
 			P99: d(func(m Measure) time.Duration { return m.Handler.P99 }),

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +17,9 @@ type tracker struct {
 	// cpu is what it read when the first event went out.
 	cpuNow func() time.Duration
 	cpu    time.Duration
+	// heap is what this process had allocated, and how many collections
+	// it had run, when the first event went out (heapNow).
+	heap heapCount
 	// published is when the last publish ack came back (Unix ns).
 	published atomic.Int64
 	sent      []atomic.Int64
@@ -67,13 +71,28 @@ func (t *tracker) measure() Measure {
 		handler[i], settled[i] = time.Duration(h-s), time.Duration(d-s)
 		first, last = min(first, s), max(last, d)
 	}
+	heap := heapNow()
 	elapsed, publishing := time.Duration(last-first), time.Duration(t.published.Load()-first)
 	return Measure{
 		Events: n, Elapsed: elapsed, PerSecond: float64(n) / elapsed.Seconds(),
 		Published: float64(n) / publishing.Seconds(),
 		Handler:   distribution(handler), Settled: distribution(settled),
-		CPU: (t.cpuNow() - t.cpu) / time.Duration(n),
+		CPU:   (t.cpuNow() - t.cpu) / time.Duration(n),
+		Alloc: (heap.bytes - t.heap.bytes) / uint64(n), Collections: heap.collections - t.heap.collections,
 	}
+}
+
+// heapCount is what the process has allocated on its heap so far, and how
+// many garbage collections it has run.
+type heapCount struct{ bytes, collections uint64 }
+
+// heapNow reads the heap's counters from runtime/metrics, which, unlike
+// runtime.ReadMemStats, does not stop the world, so reading them does not
+// itself show in a path's latencies.
+func heapNow() heapCount {
+	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}, {Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(s)
+	return heapCount{bytes: s[0].Value.Uint64(), collections: s[1].Value.Uint64()}
 }
 
 // Marks is what an external path's consumer reports (ExternalMain), by the
