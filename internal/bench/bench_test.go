@@ -34,9 +34,15 @@ func TestRunMeasuresEveryPath(t *testing.T) {
 	}
 	for _, p := range ran {
 		if m := *p.into(&res.Round); m.Events != 300 || m.PerSecond <= 0 || m.Published <= 0 || m.Handler.P50 <= 0 || m.Handler.P50 > m.Handler.P99 ||
-			m.Settled.P50 < m.Handler.P50 || m.Settled.P99 < m.Handler.P99 || m.Settled.P99 > m.Elapsed || (cpu && m.CPU <= 0) {
+			m.Settled.P50 < m.Handler.P50 || m.Settled.P99 < m.Handler.P99 || m.Settled.P99 > m.Elapsed || (cpu && m.CPU <= 0) || m.Alloc == 0 {
 			t.Fatalf("%s: %+v", p.name, m)
 		}
+	}
+	// The heap's counters are each path's own stretch too: emitting an
+	// outcome (encoded, signed, published) allocates on top of what the
+	// no-op runtime does for every event.
+	if rt, oc := res.Round.Runtime.Alloc, res.Round.RuntimeOutcome.Alloc; oc <= rt {
+		t.Fatalf("the runtime emitting an outcome allocated %d B an event, the no-op runtime %d", oc, rt)
 	}
 	// Each in-process path's CPU is its own stretch of the process's, so
 	// per event and summed over the paths it fits in what the process has
@@ -62,7 +68,7 @@ func TestRunMeasuresEveryPath(t *testing.T) {
 	if cpu && res.OutcomeCPU() <= 0 {
 		t.Fatalf("outcome CPU ratio %v", res.OutcomeCPU())
 	}
-	for _, want := range []string{"/event", "published", "runtime / test child p99 handler", "raw Ack against itself on STEWARD_EVENTS-shaped", "runtime emitting an outcome / runtime CPU per event"} {
+	for _, want := range []string{"/event", "B/event", "published", "runtime / test child p99 handler", "raw Ack against itself on STEWARD_EVENTS-shaped", "runtime emitting an outcome / runtime CPU per event"} {
 		if !strings.Contains(report, want) {
 			t.Fatalf("the report leaves out %q:\n%s", want, report)
 		}

@@ -109,7 +109,7 @@ func (s *Signer) Seal(scope Scope, n uint64, content []byte) ([]byte, error) {
 	if len(content) < 2 || content[0] != '{' || content[len(content)-1] != '}' {
 		return nil, fmt.Errorf("seal %s: the content is not a JSON object", scope.Key)
 	}
-	out := make([]byte, 0, len(content)+1+len(member)+s.proofSize()+1)
+	out := make([]byte, 0, len(content)+1+len(member)+s.maxProofLen()+1)
 	out = append(out, content[:len(content)-1]...)
 	if len(bytes.TrimSpace(content[1:len(content)-1])) != 0 {
 		out = append(out, ',')
@@ -140,9 +140,9 @@ func (s *Signer) AppendProof(dst []byte, scope Scope, n uint64, content []byte) 
 	return append(dst, `"}`...)
 }
 
-// proofSize is at least the length of any proof AppendProof makes: a
+// maxProofLen is at least the length of any proof AppendProof makes: a
 // counter is at most 20 digits and a signature 88 in base64.
-func (s *Signer) proofSize() int { return len(s.head) + 20 + len(s.tail) + 88 + 2 }
+func (s *Signer) maxProofLen() int { return len(s.head) + 20 + len(s.tail) + 88 + 2 }
 
 // Split separates a stored document into the content its proof signs and
 // the proof. A document with no proof returns itself and ErrUnsigned.
