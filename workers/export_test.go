@@ -88,3 +88,30 @@ func (m *closeMissed) Stop() {
 	m.once.Do(func() { close(m.stopped) })
 	m.MessagesContext.Stop()
 }
+
+// GateRead holds w's source at the start of its read until release is
+// called; entered closes once Run has got there, after Ensure. So a test
+// can look at a worker whose streams, bucket and consumer exist but which
+// reads nothing yet.
+func GateRead(w *Runtime) (entered <-chan struct{}, release func()) {
+	g := &gatedSource{source: w.src, entered: make(chan struct{}), gate: make(chan struct{})}
+	w.src = g
+	var once sync.Once
+	return g.entered, func() { once.Do(func() { close(g.gate) }) }
+}
+
+// gatedSource is a source whose read waits for its gate.
+type gatedSource struct {
+	source
+	entered, gate chan struct{}
+}
+
+func (g *gatedSource) read(ctx context.Context) (<-chan struct{}, error) {
+	close(g.entered)
+	select {
+	case <-g.gate:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return g.source.read(ctx)
+}
