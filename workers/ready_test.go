@@ -28,6 +28,7 @@ func TestReadyOnlyOnceTheSourceReads(t *testing.T) {
 	entered, release := workers.GateRead(w)
 	defer release()
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
 	select {

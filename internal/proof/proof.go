@@ -27,7 +27,6 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -121,17 +120,9 @@ func (s *Signer) Seal(scope Scope, n uint64, content []byte) ([]byte, error) {
 	return out[:len(out):len(out)], nil
 }
 
-// Sign makes a detached proof of content for scope.
-func (s *Signer) Sign(scope Scope, n uint64, content []byte) Proof {
-	return Proof{
-		V: 1, By: s.by, Key: hex.EncodeToString(s.pub), N: n, Cert: s.cert,
-		Sig: base64.StdEncoding.EncodeToString(ed25519.Sign(s.priv, message(scope, s.by, n, content))),
-	}
-}
-
-// AppendProof appends the JSON of Sign's proof of content for scope to
-// dst, the bytes json.Marshal makes of it: how a proof is stored, as a
-// document's last member (Seal) or a message's header.
+// AppendProof appends to dst the signer's proof of content for scope, as
+// the JSON json.Marshal makes of its Proof: how a proof is stored, as a
+// document's last member (Seal) or in a message's Header.
 func (s *Signer) AppendProof(dst []byte, scope Scope, n uint64, content []byte) []byte {
 	dst = append(dst, s.head...)
 	dst = strconv.AppendUint(dst, n, 10)

@@ -21,19 +21,18 @@ type Signer struct {
 	priv ed25519.PrivateKey
 	pub  ed25519.PublicKey
 	by   string
-	cert string
 	// head is a proof's JSON up to its counter, and tail the rest up to
-	// its signature, marshalled once: two proofs by one signer differ
-	// only in those two, and a worker signs a checkpoint for every event,
-	// so building the whole object each time was most of what a signature
-	// allocated (AppendProof).
+	// its signature (the certificate, if any), marshalled once: two
+	// proofs by one signer differ only in those two, and a worker signs a
+	// checkpoint for every event, so building the whole object each time
+	// was most of what a signature allocated (AppendProof).
 	head, tail []byte
 }
 
 // NewSigner signs as by with priv; cert is by's user JWT certifying the
 // key (empty when readers have the key pinned instead).
 func NewSigner(priv ed25519.PrivateKey, by, cert string) *Signer {
-	s := &Signer{priv: priv, pub: priv.Public().(ed25519.PublicKey), by: by, cert: cert}
+	s := &Signer{priv: priv, pub: priv.Public().(ed25519.PublicKey), by: by}
 	// A string always marshals; json.Marshal escapes it as it would in
 	// the Proof struct, so the bytes are the struct's.
 	byJSON, _ := json.Marshal(by)
