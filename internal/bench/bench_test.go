@@ -34,7 +34,8 @@ func TestRunMeasuresEveryPath(t *testing.T) {
 	}
 	for _, p := range ran {
 		if m := *p.into(&res.Round); m.Events != 300 || m.PerSecond <= 0 || m.Published <= 0 || m.Handler.P50 <= 0 || m.Handler.P50 > m.Handler.P99 ||
-			m.Settled.P50 < m.Handler.P50 || m.Settled.P99 < m.Handler.P99 || m.Settled.P99 > m.Elapsed || (cpu && m.CPU <= 0) || m.Alloc == 0 {
+			m.Settled.P50 < m.Handler.P50 || m.Settled.P99 < m.Handler.P99 || m.Settled.P99 > m.Elapsed || (cpu && m.CPU <= 0) || m.Alloc == 0 ||
+			m.Bunched < 1 || m.Bunched > 3 {
 			t.Fatalf("%s: %+v", p.name, m)
 		}
 	}
@@ -194,13 +195,57 @@ func TestMedians(t *testing.T) {
 		t.Fatalf("median of 4,1,3,2 = %v, want 2 (the mean of 2 and 3, in integers)", got)
 	}
 	ms := []Measure{
-		{Events: 5, PerSecond: 10, Handler: Latency{P50: 1, P99: 9}, Settled: Latency{P50: 2, P99: 30}},
-		{Events: 5, PerSecond: 30, Handler: Latency{P50: 3, P99: 7}, Settled: Latency{P50: 4, P99: 10}},
-		{Events: 5, PerSecond: 20, Handler: Latency{P50: 2, P99: 8}, Settled: Latency{P50: 3, P99: 20}},
+		{Events: 5, PerSecond: 10, Handler: Latency{P50: 1, P99: 9}, Settled: Latency{P50: 2, P99: 30}, Bunched: 1},
+		{Events: 5, PerSecond: 30, Handler: Latency{P50: 3, P99: 7}, Settled: Latency{P50: 4, P99: 10}, Bunched: 9},
+		{Events: 5, PerSecond: 20, Handler: Latency{P50: 2, P99: 8}, Settled: Latency{P50: 3, P99: 20}, Bunched: 4},
 	}
-	want := Measure{Events: 5, PerSecond: 20, Handler: Latency{P50: 2, P99: 8}, Settled: Latency{P50: 3, P99: 20}}
+	want := Measure{Events: 5, PerSecond: 20, Handler: Latency{P50: 2, P99: 8}, Settled: Latency{P50: 3, P99: 20}, Bunched: 4}
 	if got := medianMeasure(ms); got != want {
 		t.Fatalf("median measure %+v, want %+v (each figure's own median)", got, want)
+	}
+}
+
+// TestBunchedCountsTheSlowestPublishedTogether feeds a tracker a turn of
+// 10,000 events published a millisecond apart whose slowest 1% is a stall
+// (30 events published in a row) and 70 slow ones a second apart, and
+// requires the measure to count the stall's 30: not the scattered ones,
+// not events outside the slowest 1%, and the same whatever the stall's
+// events' latencies.
+func TestBunchedCountsTheSlowestPublishedTogether(t *testing.T) {
+	const n = 10000
+	turn := func(stalled time.Duration) Measure {
+		tr := newTracker("e-", n, func() time.Duration { return 0 })
+		start := time.Now().UnixNano()
+		for i := range n {
+			sent := start + int64(i)*int64(time.Millisecond)
+			lat := 300 * time.Microsecond
+			switch {
+			case i >= 5000 && i < 5030:
+				lat = stalled + time.Duration(5030-i)*time.Millisecond
+			case i%100 == 50 && i/100 < 70:
+				lat = 3 * time.Millisecond
+			case i >= 7000 && i < 7035:
+				// Published together, but not slow enough to be among
+				// the slowest 1%.
+				lat = 2 * time.Millisecond
+			}
+			tr.sent[i].Store(sent)
+			tr.handled[i].Store(sent + int64(lat))
+			tr.settled[i].Store(sent + int64(lat) + int64(time.Millisecond))
+		}
+		return tr.measure()
+	}
+	for _, stalled := range []time.Duration{4 * time.Millisecond, 40 * time.Millisecond} {
+		m := turn(stalled)
+		if m.Bunched != 30 {
+			t.Fatalf("a stall of 30 events (the longest %v): %d of the slowest 1%% counted as published within %v, want 30", stalled+30*time.Millisecond, m.Bunched, bunchWindow)
+		}
+		if m.Handler.P99 < 3*time.Millisecond {
+			t.Fatalf("p99 handler %v: the slowest 1%% is not the turn's slow events", m.Handler.P99)
+		}
+	}
+	if line := turn(4 * time.Millisecond).Line("path"); !strings.Contains(line, "slowest 1%:  30 within 40ms") {
+		t.Fatalf("the report line does not give the bunched count: %s", line)
 	}
 }
 

@@ -35,10 +35,17 @@ type Measure struct {
 	// server's too with --server embedded), and Collections the garbage
 	// collections it ran meanwhile. On 2 cores a collection's marking
 	// takes a core from the handlers while it runs, so the events that
-	// arrive then make much of a path's p99: a path that allocates more
+	// arrive then make some of a path's p99: a path that allocates more
 	// collects more often and has more of them (docs/benchmarks.md).
 	Alloc       uint64
 	Collections uint64
+	// Bunched is how many of the events slowest to reach their handler
+	// (the slowest 1%) were published within one bunchWindow: a stall
+	// that every event behind it waited out, such as the server's when a
+	// stream block's write cache outgrows 4 MiB (docs/benchmarks.md,
+	// 2026-12-04, later). When it is a large part of the slowest 1%, the
+	// p99 is that stall's more than the path's.
+	Bunched int
 }
 
 // Line is the measure as the report prints it, named name.
@@ -49,9 +56,9 @@ func (m Measure) Line(name string) string {
 		}
 		return v.Round(10 * time.Microsecond)
 	}
-	return fmt.Sprintf("%-40s %6d events in %8v %9.0f events/s (published %6.0f/s)   handler p50 %9v p99 %9v   settled p50 %9v p99 %9v   CPU %7v/event   heap %6d B/event %3d GCs\n",
+	return fmt.Sprintf("%-40s %6d events in %8v %9.0f events/s (published %6.0f/s)   handler p50 %9v p99 %9v (slowest 1%%: %3d within %v)   settled p50 %9v p99 %9v   CPU %7v/event   heap %6d B/event %3d GCs\n",
 		name, m.Events, m.Elapsed.Round(time.Millisecond), m.PerSecond, m.Published,
-		d(m.Handler.P50), d(m.Handler.P99), d(m.Settled.P50), d(m.Settled.P99), m.CPU.Round(time.Microsecond),
+		d(m.Handler.P50), d(m.Handler.P99), m.Bunched, bunchWindow, d(m.Settled.P50), d(m.Settled.P99), m.CPU.Round(time.Microsecond),
 		m.Alloc, m.Collections)
 }
 
@@ -245,6 +252,7 @@ func medianMeasure(ms []Measure) Measure {
 		CPU:         d(func(m Measure) time.Duration { return m.CPU }),
 		Alloc:       uint64(medianBy(ms, func(m Measure) int64 { return int64(m.Alloc) })),
 		Collections: uint64(medianBy(ms, func(m Measure) int64 { return int64(m.Collections) })),
+		Bunched:     int(medianBy(ms, func(m Measure) int64 { return int64(m.Bunched) })),
 		Handler: Latency{
 			P50: d(func(m Measure) time.Duration { return m.Handler.P50 }),
 			P99: d(func(m Measure) time.Duration { return m.Handler.P99 }),
