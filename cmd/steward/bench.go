@@ -43,12 +43,13 @@ Each path first gets a short unmeasured burst, so none pays for the process's
 cold start; then --rounds rounds measure each path once, the first path
 changing from round to round. For each path it prints events per second
 consumed and published, the p50 and p99 of two latencies, publish to the
-handler and publish to settled, how many of the events slowest to reach
-their handler (the slowest 1%) were published within 40ms of each other (a
-stall that every event behind it waited out, whose p99 that is more than the
-path's), the CPU time per event, and the bytes its process allocated per
-event with the garbage collections they cost (medians over the rounds), then the ratios the targets are stated in (the medians of each
-round's own) and each round's. Compare figures within one run only: the
+handler and publish to settled, how many of the slowest 1% to reach their
+handler were published within 40ms of each other (when many were, a stall
+that every event behind it waited out made the p99 more than the path
+did), the CPU time per event, and the bytes its process allocated per
+event with the garbage collections they cost (medians over the rounds),
+then the ratios the targets are stated in (the medians of each round's
+own) and each round's. Compare figures within one run only: the
 machine is shared and absolute figures drift.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

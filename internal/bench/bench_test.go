@@ -207,7 +207,7 @@ func TestMedians(t *testing.T) {
 
 // TestBunchedCountsTheSlowestPublishedTogether feeds a tracker a turn of
 // 10,000 events published a millisecond apart whose slowest 1% is a stall
-// (30 events published in a row) and 70 slow ones a second apart, and
+// (30 events published in a row) and 70 slow ones 100 ms apart, and
 // requires the measure to count the stall's 30: not the scattered ones,
 // not events outside the slowest 1%, and the same whatever the stall's
 // events' latencies.

@@ -65,15 +65,16 @@ func distribution(lat []time.Duration) Latency {
 
 func (t *tracker) measure() Measure {
 	n := len(t.sent)
-	handler, settled := make([]time.Duration, n), make([]time.Duration, n)
+	sent, handler, settled := make([]int64, n), make([]time.Duration, n), make([]time.Duration, n)
 	first, last := t.sent[0].Load(), int64(0)
 	for i := range n {
 		s, h, d := t.sent[i].Load(), t.handled[i].Load(), t.settled[i].Load()
-		handler[i], settled[i] = time.Duration(h-s), time.Duration(d-s)
+		sent[i], handler[i], settled[i] = s, time.Duration(h-s), time.Duration(d-s)
 		first, last = min(first, s), max(last, d)
 	}
 	heap := heapNow()
-	bunched := bunched(t.sentTimes(), handler, bunchWindow)
+	// Before distribution sorts handler: bunched pairs it with sent by index.
+	bunched := bunched(sent, handler, bunchWindow)
 	elapsed, publishing := time.Duration(last-first), time.Duration(t.published.Load()-first)
 	return Measure{
 		Events: n, Elapsed: elapsed, PerSecond: float64(n) / elapsed.Seconds(),
@@ -89,14 +90,6 @@ func (t *tracker) measure() Measure {
 // slowest 1% in: at 1,000 events/s, 40 events, the size of the server's
 // stalls seen so far.
 const bunchWindow = 40 * time.Millisecond
-
-func (t *tracker) sentTimes() []int64 {
-	sent := make([]int64, len(t.sent))
-	for i := range sent {
-		sent[i] = t.sent[i].Load()
-	}
-	return sent
-}
 
 // bunched returns the most of the slowest 1% of the events (at least one;
 // lat[i] is event i's latency, sent[i] when it was published) that were
