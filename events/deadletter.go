@@ -197,7 +197,7 @@ func newDeadLetter(src LetterSource) (*nats.Msg, string) {
 	if src.Signer != nil {
 		// The proof is added last, over what the letter holds; its size
 		// is fixed by the signer, so it is counted before choosing.
-		overhead += proofSize(src.Signer, MessageScope(StreamDLQ, src.Domain, src.DLQSubject))
+		overhead += proofSize(src.Signer)
 	}
 	limit := src.MaxBytes
 	if limit <= 0 {

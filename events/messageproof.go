@@ -153,11 +153,11 @@ func SignMessage(msg *nats.Msg, stream, domain string, s *proof.Signer, content 
 	msg.Header.Set(proof.Header, string(raw))
 }
 
-// proofSize is how many bytes s's proof header adds to a message: a
-// signature and a key are of fixed size, so one made over nothing weighs
-// what any will.
-func proofSize(s *proof.Signer, scope proof.Scope) int {
-	return len(proof.Header) + len(s.AppendProof(nil, scope, 0, nil)) + 4
+// proofSize is how many bytes s's proof header (SignMessage's, counter
+// 0) adds to a message: the header's name, the proof, and the ": " and
+// CRLF around the value.
+func proofSize(s *proof.Signer) int {
+	return len(proof.Header) + s.ProofLen(0) + 4
 }
 
 // SubjectWriter is the one identity that writes subject, an instance's

@@ -48,6 +48,9 @@ func TestAppendProofIsTheProofMarshalled(t *testing.T) {
 				if want, err := json.Marshal(got); err != nil || !bytes.Equal(p, want) {
 					t.Fatalf("%s, n %d:\n got %s\nwant %s (%v)", name, n, p, want, err)
 				}
+				if got, want := s.ProofLen(n), len(p); got != want {
+					t.Fatalf("%s, n %d: ProofLen says %d, the proof is %d long", name, n, got, want)
+				}
 				if len(content) == 0 {
 					continue
 				}

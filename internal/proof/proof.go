@@ -88,7 +88,7 @@ var (
 func message(s Scope, by string, n uint64, content []byte) []byte {
 	// Sized once: the content is copied whole (ed25519 signs one buffer),
 	// and a buffer grown as it is written copied it again at every step.
-	b := make([]byte, 0, len(messagePrefix)+len(s.Bucket)+len(s.Domain)+len(s.Key)+len(by)+25+len(content))
+	b := make([]byte, 0, len(messagePrefix)+len(s.Bucket)+len(s.Domain)+len(s.Key)+len(by)+maxCounterDigits+5+len(content))
 	b = append(b, messagePrefix...)
 	b = append(append(b, s.Bucket...), 0)
 	b = append(append(b, s.Domain...), 0)
@@ -101,6 +101,13 @@ func message(s Scope, by string, n uint64, content []byte) []byte {
 // messagePrefix starts every message a proof signs: the format.
 const messagePrefix = "steward.proof.v1\x00"
 
+// maxCounterDigits is the most digits a counter (a uint64) has.
+const maxCounterDigits = 20
+
+// sigLen is an ed25519 signature's length in standard base64: every one is
+// 64 bytes, so every proof of one signer and counter has the same length.
+var sigLen = base64.StdEncoding.EncodedLen(ed25519.SignatureSize)
+
 // Seal returns content, a JSON object, with the signer's proof appended as
 // its last member. content must not have a "proof" member of its own.
 func (s *Signer) Seal(scope Scope, n uint64, content []byte) ([]byte, error) {
@@ -108,7 +115,7 @@ func (s *Signer) Seal(scope Scope, n uint64, content []byte) ([]byte, error) {
 	if len(content) < 2 || content[0] != '{' || content[len(content)-1] != '}' {
 		return nil, fmt.Errorf("seal %s: the content is not a JSON object", scope.Key)
 	}
-	out := make([]byte, 0, len(content)+1+len(member)+s.maxProofLen()+1)
+	out := make([]byte, 0, len(content)+1+len(member)+s.ProofLen(n)+1)
 	out = append(out, content[:len(content)-1]...)
 	if len(bytes.TrimSpace(content[1:len(content)-1])) != 0 {
 		out = append(out, ',')
@@ -131,9 +138,13 @@ func (s *Signer) AppendProof(dst []byte, scope Scope, n uint64, content []byte) 
 	return append(dst, `"}`...)
 }
 
-// maxProofLen is at least the length of any proof AppendProof makes: a
-// counter is at most 20 digits and a signature 88 in base64.
-func (s *Signer) maxProofLen() int { return len(s.head) + 20 + len(s.tail) + 88 + 2 }
+// ProofLen is the length of the proof AppendProof makes with counter n,
+// whatever it signs: so a caller can leave room for a proof (a dead
+// letter cut to its stream's limit) without making one to measure it.
+func (s *Signer) ProofLen(n uint64) int {
+	var digits [maxCounterDigits]byte
+	return len(s.head) + len(strconv.AppendUint(digits[:0], n, 10)) + len(s.tail) + sigLen + len(`"}`)
+}
 
 // Split separates a stored document into the content its proof signs and
 // the proof. A document with no proof returns itself and ErrUnsigned.
