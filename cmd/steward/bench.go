@@ -46,8 +46,10 @@ consumed and published, the p50 and p99 of two latencies, publish to the
 handler and publish to settled, how many of the slowest 1% to reach their
 handler were published within 40ms of each other (when many were, a stall
 that every event behind it waited out made the p99 more than the path
-did), the CPU time per event, and the bytes its process allocated per
-event with the garbage collections they cost (medians over the rounds),
+did), the CPU time per event (with the server in a process of its own,
+the server's part of it: what the path asks of the server), and the bytes
+its process allocated per event with the garbage collections they cost
+(medians over the rounds),
 then the ratios the targets are stated in (the medians of each round's
 own) and each round's. Compare figures within one run only: the
 machine is shared and absolute figures drift.`,

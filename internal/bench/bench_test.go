@@ -35,7 +35,7 @@ func TestRunMeasuresEveryPath(t *testing.T) {
 	for _, p := range ran {
 		if m := *p.into(&res.Round); m.Events != 300 || m.PerSecond <= 0 || m.Published <= 0 || m.Handler.P50 <= 0 || m.Handler.P50 > m.Handler.P99 ||
 			m.Settled.P50 < m.Handler.P50 || m.Settled.P99 < m.Handler.P99 || m.Settled.P99 > m.Elapsed || (cpu && m.CPU <= 0) || m.Alloc == 0 ||
-			m.Bunched < 1 || m.Bunched > 3 {
+			m.Bunched < 1 || m.Bunched > 3 || m.ServerCPU != 0 {
 			t.Fatalf("%s: %+v", p.name, m)
 		}
 	}
@@ -66,6 +66,11 @@ func TestRunMeasuresEveryPath(t *testing.T) {
 		}
 	}
 	report := res.String()
+	// The server is embedded: its CPU is this process's, and no line
+	// claims a part of it.
+	if strings.Contains(report, "(server") {
+		t.Fatalf("the report gives the embedded server's part:\n%s", report)
+	}
 	if cpu && res.OutcomeCPU() <= 0 {
 		t.Fatalf("outcome CPU ratio %v", res.OutcomeCPU())
 	}
@@ -104,8 +109,8 @@ func TestRunWithTheServerInAProcessOfItsOwn(t *testing.T) {
 	if err != nil || serverCPU <= 0 {
 		t.Fatalf("the server's CPU: %v, %v", serverCPU, err)
 	}
-	if all := env.cpu(); all < own+serverCPU {
-		t.Fatalf("CPU counted %v, this process's %v and the server's %v: the server's is left out", all, own, serverCPU)
+	if all := env.cpu(); all.all < own+serverCPU || all.server < serverCPU {
+		t.Fatalf("CPU counted %+v, this process's %v and the server's %v: the server's is left out", all, own, serverCPU)
 	}
 	env.Close()
 	if err := syscall.Kill(pid, 0); err == nil {
@@ -121,6 +126,23 @@ func TestRunWithTheServerInAProcessOfItsOwn(t *testing.T) {
 	}
 	if m := res.RawDouble; m.Events != 200 || m.PerSecond <= 0 {
 		t.Fatalf("raw DoubleAck: %+v", m)
+	}
+	// Each path's server part is within its CPU, and the server did
+	// work in the run: /proc counts its CPU in 10 ms ticks, which one
+	// path's 200 events may not fill, but the run's paths together do.
+	// Together they are also less than all of it: this process published
+	// and consumed.
+	var served, spent time.Duration
+	for _, p := range res.ran() {
+		m := *p.into(&res.Round)
+		if m.ServerCPU < 0 || m.ServerCPU > m.CPU {
+			t.Fatalf("%s: the server's part %v of CPU %v", p.name, m.ServerCPU, m.CPU)
+		}
+		served += m.ServerCPU * time.Duration(m.Events)
+		spent += m.CPU * time.Duration(m.Events)
+	}
+	if served <= 0 || served >= spent {
+		t.Fatalf("the server's part of the paths' CPU is %v of %v:\n%s", served, spent, res)
 	}
 	// Run starts the server it is given, not an embedded one: a command
 	// that cannot start fails the run, and says so.
@@ -195,11 +217,11 @@ func TestMedians(t *testing.T) {
 		t.Fatalf("median of 4,1,3,2 = %v, want 2 (the mean of 2 and 3, in integers)", got)
 	}
 	ms := []Measure{
-		{Events: 5, PerSecond: 10, Handler: Latency{P50: 1, P99: 9}, Settled: Latency{P50: 2, P99: 30}, Bunched: 1},
-		{Events: 5, PerSecond: 30, Handler: Latency{P50: 3, P99: 7}, Settled: Latency{P50: 4, P99: 10}, Bunched: 9},
-		{Events: 5, PerSecond: 20, Handler: Latency{P50: 2, P99: 8}, Settled: Latency{P50: 3, P99: 20}, Bunched: 4},
+		{Events: 5, PerSecond: 10, Handler: Latency{P50: 1, P99: 9}, Settled: Latency{P50: 2, P99: 30}, Bunched: 1, ServerCPU: 5},
+		{Events: 5, PerSecond: 30, Handler: Latency{P50: 3, P99: 7}, Settled: Latency{P50: 4, P99: 10}, Bunched: 9, ServerCPU: 1},
+		{Events: 5, PerSecond: 20, Handler: Latency{P50: 2, P99: 8}, Settled: Latency{P50: 3, P99: 20}, Bunched: 4, ServerCPU: 3},
 	}
-	want := Measure{Events: 5, PerSecond: 20, Handler: Latency{P50: 2, P99: 8}, Settled: Latency{P50: 3, P99: 20}, Bunched: 4}
+	want := Measure{Events: 5, PerSecond: 20, Handler: Latency{P50: 2, P99: 8}, Settled: Latency{P50: 3, P99: 20}, Bunched: 4, ServerCPU: 3}
 	if got := medianMeasure(ms); got != want {
 		t.Fatalf("median measure %+v, want %+v (each figure's own median)", got, want)
 	}
@@ -214,7 +236,7 @@ func TestMedians(t *testing.T) {
 func TestBunchedCountsTheSlowestPublishedTogether(t *testing.T) {
 	const n = 10000
 	turn := func(stalled time.Duration) Measure {
-		tr := newTracker("e-", n, func() time.Duration { return 0 })
+		tr := newTracker("e-", n, func() cpuUse { return cpuUse{} })
 		start := time.Now().UnixNano()
 		for i := range n {
 			sent := start + int64(i)*int64(time.Millisecond)

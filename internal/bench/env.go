@@ -104,15 +104,29 @@ func (e *Env) setUp(ctx context.Context, url string) error {
 	return err
 }
 
+// cpuUse is CPU time the bench's processes have used: all of it, and the
+// part of it that is the server's when the server runs in a process of
+// its own (zero when it is embedded, where its CPU is this process's and
+// cannot be told apart).
+type cpuUse struct {
+	all, server time.Duration
+}
+
+// since is the CPU used between start and u.
+func (u cpuUse) since(start cpuUse) cpuUse {
+	return cpuUse{all: u.all - start.all, server: u.server - start.server}
+}
+
 // cpu is the CPU time used so far by this process and, when the server
 // runs in its own, by the server's: what a path's CPU per event counts.
-func (e *Env) cpu() time.Duration {
-	c := processCPU()
+func (e *Env) cpu() cpuUse {
+	c := cpuUse{all: processCPU()}
 	if e.node != nil {
 		// A server that has gone makes its path fail on its own; its CPU
 		// is then no figure anyone reads.
 		if sc, err := e.node.Nodes[0].CPU(); err == nil {
-			c += sc
+			c.all += sc
+			c.server = sc
 		}
 	}
 	return c

@@ -178,10 +178,10 @@ func (e *Env) External(ctx context.Context, o Options) (Measure, error) {
 // readExternal reads the lines of an external path's program until its
 // measure, and adds to its CPU per event the server's (cpuNow, this
 // process's and its server process's) from the program's "measuring" line
-// to its measure.
-func readExternal(r io.Reader, events int, cpuNow func() time.Duration, progress func(settled, total int)) (Measure, error) {
+// to its measure; its ServerCPU is the server process's alone.
+func readExternal(r io.Reader, events int, cpuNow func() cpuUse, progress func(settled, total int)) (Measure, error) {
 	var started bool
-	var cpu time.Duration
+	var cpu cpuUse
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -198,7 +198,7 @@ func readExternal(r io.Reader, events int, cpuNow func() time.Duration, progress
 			if !started {
 				return Measure{}, fmt.Errorf("its measure came before its %q line: this process's CPU cannot be counted", lineMeasuring)
 			}
-			server := cpuNow() - cpu
+			used := cpuNow().since(cpu)
 			var m Measure
 			if err := json.Unmarshal([]byte(strings.TrimPrefix(line, lineMeasure)), &m); err != nil {
 				return Measure{}, fmt.Errorf("its measure %q: %w", line, err)
@@ -206,7 +206,8 @@ func readExternal(r io.Reader, events int, cpuNow func() time.Duration, progress
 			if m.Events != events {
 				return Measure{}, fmt.Errorf("its measure is of %d events, want %d", m.Events, events)
 			}
-			m.CPU += server / time.Duration(m.Events)
+			m.CPU += used.all / time.Duration(m.Events)
+			m.ServerCPU = used.server / time.Duration(m.Events)
 			return m, nil
 		}
 	}

@@ -129,17 +129,24 @@ func TestExternalMainAlone(t *testing.T) {
 }
 
 // TestReadExternal proves the bench takes an external program's measure
-// only whole and in order, and adds its own CPU to the program's.
+// only whole and in order, adds its own CPU to the program's, and gives as
+// the server's part what its server process used, whatever the program
+// said.
 func TestReadExternal(t *testing.T) {
 	none := func(int, int) {}
 	var progressed []int
-	// The server's CPU reads 8 µs more at the measure than at the
-	// "measuring" line: 1 µs for each of the 8 events.
-	var read time.Duration
-	serverCPU := func() time.Duration { read += 8 * time.Microsecond; return read }
-	m, err := readExternal(strings.NewReader("something else\nmeasuring\nprogress 3 8\nmeasure {\"Events\":8,\"PerSecond\":5,\"CPU\":1000}\n"), 8,
+	// This process and the server read 8 µs more at the measure than at
+	// the "measuring" line, 4 µs of it the server's: 1 µs and 0.5 µs for
+	// each of the 8 events.
+	var read cpuUse
+	serverCPU := func() cpuUse {
+		read.all += 8 * time.Microsecond
+		read.server += 4 * time.Microsecond
+		return read
+	}
+	m, err := readExternal(strings.NewReader("something else\nmeasuring\nprogress 3 8\nmeasure {\"Events\":8,\"PerSecond\":5,\"CPU\":1000,\"ServerCPU\":77}\n"), 8,
 		serverCPU, func(settled, total int) { progressed = append(progressed, settled, total) })
-	if err != nil || m.Events != 8 || m.PerSecond != 5 || m.CPU != 1000+time.Microsecond || len(progressed) != 2 || progressed[0] != 3 {
+	if err != nil || m.Events != 8 || m.PerSecond != 5 || m.CPU != 1000+time.Microsecond || m.ServerCPU != 500 || len(progressed) != 2 || progressed[0] != 3 {
 		t.Fatalf("%+v, %v, progress %v", m, err, progressed)
 	}
 	for input, want := range map[string]string{

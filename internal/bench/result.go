@@ -30,6 +30,12 @@ type Measure struct {
 	// ack). An external path's is its program's and the server's process's
 	// over the same stretch.
 	CPU time.Duration
+	// ServerCPU is the server process's part of CPU, per event: what the
+	// path asks of the server (storing, delivering, a checkpoint write, a
+	// stored notice, a confirmed ack) apart from its own work. Zero when
+	// the server is embedded (--server embedded, the go test benchmarks):
+	// its CPU is then the bench process's and cannot be told apart.
+	ServerCPU time.Duration
 	// Alloc is the bytes allocated per event on the Go heap of the
 	// process running the path (its publisher and its consumer; the
 	// server's too with --server embedded), and Collections the garbage
@@ -56,10 +62,15 @@ func (m Measure) Line(name string) string {
 		}
 		return v.Round(10 * time.Microsecond)
 	}
-	return fmt.Sprintf("%-40s %6d events in %8v %9.0f events/s (published %6.0f/s)   handler p50 %9v p99 %9v (slowest 1%%: %3d within %v)   settled p50 %9v p99 %9v   CPU %7v/event   heap %6d B/event %3d GCs\n",
+	// The server's part, or as many blanks, so the columns after it line up.
+	server := fmt.Sprintf("%16s", "")
+	if m.ServerCPU > 0 {
+		server = fmt.Sprintf(" (server %6v)", m.ServerCPU.Round(time.Microsecond))
+	}
+	return fmt.Sprintf("%-40s %6d events in %8v %9.0f events/s (published %6.0f/s)   handler p50 %9v p99 %9v (slowest 1%%: %3d within %v)   settled p50 %9v p99 %9v   CPU %7v/event%s   heap %6d B/event %3d GCs\n",
 		name, m.Events, m.Elapsed.Round(time.Millisecond), m.PerSecond, m.Published,
 		d(m.Handler.P50), d(m.Handler.P99), m.Bunched, bunchWindow, d(m.Settled.P50), d(m.Settled.P99), m.CPU.Round(time.Microsecond),
-		m.Alloc, m.Collections)
+		server, m.Alloc, m.Collections)
 }
 
 // Round is one measure of each path, taken one after the other. The raw
@@ -250,6 +261,7 @@ func medianMeasure(ms []Measure) Measure {
 		PerSecond:   medianBy(ms, func(m Measure) float64 { return m.PerSecond }),
 		Published:   medianBy(ms, func(m Measure) float64 { return m.Published }),
 		CPU:         d(func(m Measure) time.Duration { return m.CPU }),
+		ServerCPU:   d(func(m Measure) time.Duration { return m.ServerCPU }),
 		Alloc:       uint64(medianBy(ms, func(m Measure) int64 { return int64(m.Alloc) })),
 		Collections: uint64(medianBy(ms, func(m Measure) int64 { return int64(m.Collections) })),
 		Bunched:     int(medianBy(ms, func(m Measure) int64 { return int64(m.Bunched) })),

@@ -16,8 +16,8 @@ type tracker struct {
 	prefix string
 	// cpuNow reads the CPU time the bench's processes have used (Env.cpu);
 	// cpu is what it read when the first event went out.
-	cpuNow func() time.Duration
-	cpu    time.Duration
+	cpuNow func() cpuUse
+	cpu    cpuUse
 	// heap is what this process had allocated, and how many collections
 	// it had run, when the first event went out (heapNow).
 	heap heapCount
@@ -30,7 +30,7 @@ type tracker struct {
 	all       chan struct{}
 }
 
-func newTracker(prefix string, n int, cpuNow func() time.Duration) *tracker {
+func newTracker(prefix string, n int, cpuNow func() cpuUse) *tracker {
 	return &tracker{prefix: prefix, cpuNow: cpuNow, sent: make([]atomic.Int64, n), handled: make([]atomic.Int64, n),
 		settled: make([]atomic.Int64, n), all: make(chan struct{})}
 }
@@ -72,7 +72,7 @@ func (t *tracker) measure() Measure {
 		sent[i], handler[i], settled[i] = s, time.Duration(h-s), time.Duration(d-s)
 		first, last = min(first, s), max(last, d)
 	}
-	heap := heapNow()
+	heap, cpu := heapNow(), t.cpuNow().since(t.cpu)
 	// Before distribution sorts handler: bunched pairs it with sent by index.
 	bunched := bunched(sent, handler, bunchWindow)
 	elapsed, publishing := time.Duration(last-first), time.Duration(t.published.Load()-first)
@@ -80,7 +80,7 @@ func (t *tracker) measure() Measure {
 		Events: n, Elapsed: elapsed, PerSecond: float64(n) / elapsed.Seconds(),
 		Published: float64(n) / publishing.Seconds(),
 		Handler:   distribution(handler), Settled: distribution(settled),
-		CPU:   (t.cpuNow() - t.cpu) / time.Duration(n),
+		CPU: cpu.all / time.Duration(n), ServerCPU: cpu.server / time.Duration(n),
 		Alloc: (heap.bytes - t.heap.bytes) / uint64(n), Collections: heap.collections - t.heap.collections,
 		Bunched: bunched,
 	}
