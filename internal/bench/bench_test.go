@@ -227,6 +227,23 @@ func TestMedians(t *testing.T) {
 	}
 }
 
+// TestLineGivesTheServersPart proves a report line gives the server's part
+// of a path's CPU when there is one to give, and keeps its columns when
+// there is none (an embedded server), or less than a microsecond of it.
+func TestLineGivesTheServersPart(t *testing.T) {
+	m := Measure{Events: 1, CPU: 865 * time.Microsecond, ServerCPU: 409 * time.Microsecond}
+	if line := m.Line("path"); !strings.Contains(line, "CPU   865µs/event (server  409µs)   heap") {
+		t.Fatalf("the line does not give the server's part: %s", line)
+	}
+	for _, part := range []time.Duration{0, 400 * time.Nanosecond} {
+		m.ServerCPU = part
+		line := m.Line("path")
+		if strings.Contains(line, "(server") || !strings.Contains(line, "CPU   865µs/event"+strings.Repeat(" ", 16)+"   heap") {
+			t.Fatalf("with a server's part of %v: %s", part, line)
+		}
+	}
+}
+
 // TestBunchedCountsTheSlowestPublishedTogether feeds a tracker a turn of
 // 10,000 events published a millisecond apart whose slowest 1% is a stall
 // (30 events published in a row) and 70 slow ones 100 ms apart, and

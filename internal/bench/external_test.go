@@ -139,13 +139,13 @@ func TestReadExternal(t *testing.T) {
 	// the "measuring" line, 4 µs of it the server's: 1 µs and 0.5 µs for
 	// each of the 8 events.
 	var read cpuUse
-	serverCPU := func() cpuUse {
+	cpuNow := func() cpuUse {
 		read.all += 8 * time.Microsecond
 		read.server += 4 * time.Microsecond
 		return read
 	}
 	m, err := readExternal(strings.NewReader("something else\nmeasuring\nprogress 3 8\nmeasure {\"Events\":8,\"PerSecond\":5,\"CPU\":1000,\"ServerCPU\":77}\n"), 8,
-		serverCPU, func(settled, total int) { progressed = append(progressed, settled, total) })
+		cpuNow, func(settled, total int) { progressed = append(progressed, settled, total) })
 	if err != nil || m.Events != 8 || m.PerSecond != 5 || m.CPU != 1000+time.Microsecond || m.ServerCPU != 500 || len(progressed) != 2 || progressed[0] != 3 {
 		t.Fatalf("%+v, %v, progress %v", m, err, progressed)
 	}
@@ -156,7 +156,7 @@ func TestReadExternal(t *testing.T) {
 		"measuring\nprogress 1 8\n":               "printed no measure",
 		"measuring\nmeasure {\"Events\":\"8\"}\n": "its measure",
 	} {
-		if _, err := readExternal(strings.NewReader(input), 8, serverCPU, none); err == nil || !strings.Contains(err.Error(), want) {
+		if _, err := readExternal(strings.NewReader(input), 8, cpuNow, none); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want an error saying %q", input, err, want)
 		}
 	}

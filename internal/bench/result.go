@@ -64,8 +64,8 @@ func (m Measure) Line(name string) string {
 	}
 	// The server's part, or as many blanks, so the columns after it line up.
 	server := fmt.Sprintf("%16s", "")
-	if m.ServerCPU > 0 {
-		server = fmt.Sprintf(" (server %6v)", m.ServerCPU.Round(time.Microsecond))
+	if s := m.ServerCPU.Round(time.Microsecond); s > 0 {
+		server = fmt.Sprintf(" (server %6v)", s)
 	}
 	return fmt.Sprintf("%-40s %6d events in %8v %9.0f events/s (published %6.0f/s)   handler p50 %9v p99 %9v (slowest 1%%: %3d within %v)   settled p50 %9v p99 %9v   CPU %7v/event%s   heap %6d B/event %3d GCs\n",
 		name, m.Events, m.Elapsed.Round(time.Millisecond), m.PerSecond, m.Published,
