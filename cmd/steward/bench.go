@@ -49,10 +49,9 @@ that every event behind it waited out made the p99 more than the path
 did), the CPU time per event (with the server in a process of its own,
 the server's part of it: what the path asks of the server), and the bytes
 its process allocated per event with the garbage collections they cost
-(medians over the rounds),
-then the ratios the targets are stated in (the medians of each round's
-own) and each round's. Compare figures within one run only: the
-machine is shared and absolute figures drift.`,
+(medians over the rounds), then the ratios the targets are stated in (the
+medians of each round's own) and each round's. Compare figures within one
+run only: the machine is shared and absolute figures drift.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.Rounds < 1 {

@@ -118,7 +118,8 @@ func (u cpuUse) since(start cpuUse) cpuUse {
 }
 
 // cpu is the CPU time used so far by this process and, when the server
-// runs in its own, by the server's: what a path's CPU per event counts.
+// runs in its own, by the server's, with the server's part apart: what a
+// path's CPU per event and its server's part count.
 func (e *Env) cpu() cpuUse {
 	c := cpuUse{all: processCPU()}
 	if e.node != nil {

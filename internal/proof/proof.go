@@ -88,6 +88,7 @@ var (
 func message(s Scope, by string, n uint64, content []byte) []byte {
 	// Sized once: the content is copied whole (ed25519 signs one buffer),
 	// and a buffer grown as it is written copied it again at every step.
+	// The 5 are the NULs after the bucket, domain, key, counter and writer.
 	b := make([]byte, 0, len(messagePrefix)+len(s.Bucket)+len(s.Domain)+len(s.Key)+len(by)+maxCounterDigits+5+len(content))
 	b = append(b, messagePrefix...)
 	b = append(append(b, s.Bucket...), 0)
