@@ -143,21 +143,26 @@ func DeadLetterProofContent(h nats.Header, data []byte) []byte {
 	return w.b
 }
 
+// messageCounter is the counter of every message's proof (why it is 0 is
+// said at the top of this file). SignMessage signs with it and proofSize
+// counts with it, so the room left for a proof is the proof made.
+const messageCounter = 0
+
 // SignMessage puts s's detached proof of content, for msg's subject in
 // stream, into msg's proof.Header.
 func SignMessage(msg *nats.Msg, stream, domain string, s *proof.Signer, content []byte) {
-	raw := s.AppendProof(nil, MessageScope(stream, domain, msg.Subject), 0, content)
+	raw := s.AppendProof(nil, MessageScope(stream, domain, msg.Subject), messageCounter, content)
 	if msg.Header == nil {
 		msg.Header = nats.Header{}
 	}
 	msg.Header.Set(proof.Header, string(raw))
 }
 
-// proofSize is how many bytes s's proof header (SignMessage's, counter
-// 0) adds to a message: the header's name, the proof, and the ": " and
-// CRLF around the value.
+// proofSize is how many bytes s's proof header (SignMessage's) adds to a
+// message: the header's name, the proof, and the ": " and CRLF around the
+// value.
 func proofSize(s *proof.Signer) int {
-	return len(proof.Header) + s.ProofLen(0) + 4
+	return len(proof.Header) + s.ProofLen(messageCounter) + 4
 }
 
 // SubjectWriter is the one identity that writes subject, an instance's

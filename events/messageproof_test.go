@@ -148,6 +148,21 @@ func TestDeadLetterProofBindsItsHeadersAndFitsItsLimit(t *testing.T) {
 	if err := ParseDeadLetter(9, msg.Subject, msg.Header, msg.Data).VerifyProof(v, ""); err != nil {
 		t.Errorf("the truncated letter does not verify: %v", err)
 	}
+	// The proof is counted before the letter chooses between the whole
+	// original and a reference, so it never eats the margin left for the
+	// header block's framing: originals on both sides of where a letter
+	// stops copying whole (at about 3 KiB under an 8 KiB limit) all leave
+	// it. The oversize one above cannot show this, its reference is far
+	// under the limit.
+	for size := 1 << 10; size <= 6<<10; size += 8 {
+		near := big
+		near.Data = []byte(`{"x":"` + strings.Repeat("a", size) + `"}`)
+		msg, _ = NewDeadLetter(near)
+		if n := headerBytes(msg.Header) + len(msg.Data); n > near.MaxBytes-letterMargin {
+			t.Fatalf("an original of %d bytes makes a signed letter of %d bytes, inside the %d bytes kept free under its limit %d",
+				len(near.Data), n, letterMargin, near.MaxBytes)
+		}
+	}
 }
 
 func cloneHeader(h nats.Header, name, value string) nats.Header {
