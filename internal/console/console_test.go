@@ -299,15 +299,20 @@ func TestConsoleKeyPageShowsCheckpoints(t *testing.T) {
 // links to the entry of the event that superseded it.
 func TestConsoleKeyPageSaysWhy(t *testing.T) {
 	r := newRig(t, nil)
-	// With the worker stopped, versions 1 and 2 are queued together, so 1
-	// is superseded by 2; the unsigned 3 supersedes nothing and is refused.
+	// With the worker stopped, versions 1 and 2 are stored together, so
+	// 1 is superseded by 2 whether or not 2 reached the lane before 1 ran:
+	// 2 is the newest event stored on the key's subject. The unsigned 3
+	// comes after they settle, since a newest stored event that is unranked
+	// supersedes nothing, and would leave 1 to be superseded only if 2 was
+	// already queued behind it; 3 itself is refused.
 	if err := r.worker.Stop(); err != nil {
 		t.Fatal(err)
 	}
 	r.rotation(1, "client-1", "first")
 	r.rotation(2, "client-2", "second")
-	workertest.PublishData(t, r.js, events.TypeCredentialRotated, testHive, events.CredentialRotated{Hive: testHive, Version: 3, ClientID: "client-3", Secret: "-----BEGIN AGE ENCRYPTED FILE-----\nx\n-----END AGE ENCRYPTED FILE-----\n"})
 	r.worker = workertest.Start(t, r.js, r.spec, r.handler, workers.WithMaxPanics(1), workers.WithLogger(zerolog.Nop()))
+	workertest.WaitIdle(t, r.js, r.worker.ConsumerName())
+	workertest.PublishData(t, r.js, events.TypeCredentialRotated, testHive, events.CredentialRotated{Hive: testHive, Version: 3, ClientID: "client-3", Secret: "-----BEGIN AGE ENCRYPTED FILE-----\nx\n-----END AGE ENCRYPTED FILE-----\n"})
 	workertest.WaitIdle(t, r.js, r.worker.ConsumerName())
 	r.broken.Store(true)
 	r.rotation(4, "client-4", "fourth")
