@@ -301,10 +301,10 @@ func TestConsoleKeyPageSaysWhy(t *testing.T) {
 	r := newRig(t, nil)
 	// With the worker stopped, versions 1 and 2 are stored together, so
 	// 1 is superseded by 2 whether or not 2 reached the lane before 1 ran:
-	// 2 is the newest event stored on the key's subject. The unsigned 3
-	// comes after they settle, since a newest stored event that is unranked
-	// supersedes nothing, and would leave 1 to be superseded only if 2 was
-	// already queued behind it; 3 itself is refused.
+	// 2 is the newest event stored on the key's subject. Were the unsigned
+	// 3 stored with them, it would be the newest and, unranked, supersede
+	// nothing, and 1 would be superseded only if 2 had reached the lane
+	// first. So 3 comes once they settle, and is refused.
 	if err := r.worker.Stop(); err != nil {
 		t.Fatal(err)
 	}
