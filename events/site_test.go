@@ -65,6 +65,9 @@ func TestSiteStreamConfigsSourceTheHubAndListenOnNothing(t *testing.T) {
 		if !sc.AllowDirect {
 			t.Error("the site's events stream does not answer direct gets, which stream readers read with")
 		}
+		if sc.PersistMode != jetstream.DefaultPersistMode {
+			t.Errorf("persist mode %v: want every write synced, since a leaf started again resumes from the hub's ack floor, past an async tail it lost", sc.PersistMode)
+		}
 		if len(sc.Sources) != 1 {
 			t.Fatalf("%d sources, want the hub's one", len(sc.Sources))
 		}
@@ -144,11 +147,7 @@ func TestSetupSiteSourcesTheHubAndBack(t *testing.T) {
 	if siteFromHub.Options().Domain != "site-a" {
 		t.Errorf("from the hub, the site's JetStream is addressed through domain %q, want site-a", siteFromHub.Options().Domain)
 	}
-	cfg := events.DefaultBusConfig(1)
-	cfg.Streams.MaxBytes, cfg.Streams.DLQMaxBytes, cfg.CheckpointMaxBytes = 64<<20, 16<<20, 16<<20
-	if err := events.SetupBus(ctx, hubJS, cfg); err != nil {
-		t.Fatal(err)
-	}
+	cfg := sitetest.SetupBus(ctx, t, hubJS)
 	// A source as the site's first set-up made it, creating a consumer of
 	// its own at the site: set up again, it is replaced by the durable one.
 	outcomes, err := hubJS.Stream(ctx, events.StreamOutcomes)
@@ -166,6 +165,11 @@ func TestSetupSiteSourcesTheHubAndBack(t *testing.T) {
 	// Twice changes nothing: the hub keeps one source per site.
 	if err := events.SetupSite(ctx, siteJS, hubJS, cfg, testSite()); err != nil {
 		t.Fatal(err)
+	}
+	if st, err := siteJS.Stream(ctx, events.StreamEvents); err != nil {
+		t.Fatal(err)
+	} else if m := st.CachedInfo().Config.PersistMode; m != jetstream.DefaultPersistMode {
+		t.Errorf("a new site's events stream has persist mode %v, want every write synced", m)
 	}
 	notices, err := siteNC.SubscribeSync(events.StoredPrefix + ".>")
 	if err != nil {
@@ -265,5 +269,43 @@ func TestSetupSiteSourcesTheHubAndBack(t *testing.T) {
 		if !slices.Equal(sites, []string{"site-a"}) {
 			t.Errorf("the hub's %s sources sites %v after setup ran again, want [site-a] once", name, sites)
 		}
+	}
+}
+
+// A site whose events stream an earlier set-up made with persist_mode:
+// async is set up again without error (nats-server refuses to change a
+// stream's persist mode), and keeps it; a new site's is synced.
+func TestSetupSiteKeepsAnEarlierPersistMode(t *testing.T) {
+	pair := sitetest.Start(t, "site-a")
+	_, hubJS := sitetest.Connect(t, pair.Hub, "hub")
+	_, siteJS := sitetest.Connect(t, pair.Leaf, "site-a")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg := sitetest.SetupBus(ctx, t, hubJS)
+	s := testSite()
+	if _, err := hubJS.CreateOrUpdatePushConsumer(ctx, events.StreamEvents, events.SiteConsumerConfig(s)); err != nil {
+		t.Fatal(err)
+	}
+	for _, sc := range events.SiteStreamConfigs(cfg.Streams, s) {
+		if sc.Name == events.StreamEvents {
+			sc.PersistMode = jetstream.AsyncPersistMode
+			if _, err := siteJS.CreateStream(ctx, sc); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := events.SetupSite(ctx, siteJS, hubJS, cfg, s); err != nil {
+		t.Fatalf("set up again over an async events stream: %v", err)
+	}
+	modes := map[string]jetstream.PersistModeType{}
+	for _, name := range []string{events.StreamEvents, events.StreamOutcomes} {
+		st, err := siteJS.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		modes[name] = st.CachedInfo().Config.PersistMode
+	}
+	if modes[events.StreamEvents] != jetstream.AsyncPersistMode || modes[events.StreamOutcomes] != jetstream.DefaultPersistMode {
+		t.Errorf("persist modes %v: want the events stream's kept async, the outcomes' default", modes)
 	}
 }

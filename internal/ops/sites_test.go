@@ -60,11 +60,7 @@ func startLiveSite(t *testing.T) *liveSite {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cfg := events.DefaultBusConfig(1)
-	cfg.Streams.MaxBytes, cfg.Streams.DLQMaxBytes, cfg.CheckpointMaxBytes = 64<<20, 16<<20, 16<<20
-	if err := events.SetupBus(ctx, hubJS, cfg); err != nil {
-		t.Fatal(err)
-	}
+	cfg := sitetest.SetupBus(ctx, t, hubJS)
 	site := events.Site{Name: pair.Site, HubDomain: sitetest.HubDomain, Hives: []string{siteHive}}
 	if err := events.SetupSite(ctx, siteJS, hubJS, cfg, site); err != nil {
 		t.Fatal(err)
@@ -397,11 +393,7 @@ func TestResumeFromTheHubSaysASiteReaderIsNotWoken(t *testing.T) {
 	_, siteJS := sitetest.Connect(t, pair.Leaf, pair.Site)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cfg := events.DefaultBusConfig(1)
-	cfg.Streams.MaxBytes, cfg.Streams.DLQMaxBytes, cfg.CheckpointMaxBytes = 64<<20, 16<<20, 16<<20
-	if err := events.SetupBus(ctx, hubJS, cfg); err != nil {
-		t.Fatal(err)
-	}
+	cfg := sitetest.SetupBus(ctx, t, hubJS)
 	if err := events.SetupSite(ctx, siteJS, hubJS, cfg, events.Site{Name: pair.Site, HubDomain: sitetest.HubDomain, Hives: []string{hive}}); err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@
 package sitetest
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/url"
@@ -118,4 +119,17 @@ func Connect(t testing.TB, s *server.Server, domain string) (*nats.Conn, jetstre
 		t.Fatal(err)
 	}
 	return nc, js
+}
+
+// SetupBus sets up Steward's streams and bucket at the hub as `steward
+// setup` does, with limits small enough for a test's store, and returns
+// the configuration a site's set-up takes.
+func SetupBus(ctx context.Context, t testing.TB, hubJS jetstream.JetStream) events.BusConfig {
+	t.Helper()
+	cfg := events.DefaultBusConfig(1)
+	cfg.Streams.MaxBytes, cfg.Streams.DLQMaxBytes, cfg.CheckpointMaxBytes = 64<<20, 16<<20, 16<<20
+	if err := events.SetupBus(ctx, hubJS, cfg); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }
