@@ -328,8 +328,9 @@ func SetupSite(ctx context.Context, siteJS, hubJS jetstream.JetStream, cfg BusCo
 // synced (persist_mode: async) would otherwise fail every set-up after,
 // membership changes included. Such a site keeps working as it did, and
 // keeps the loss a kill of its leaf can cause in a catch-up
-// (SiteStreamConfigs); moving it to a synced stream is not built yet
-// (docs/design.md, "Catch-up rate").
+// (SiteStreamConfigs), which CheckSiteEventsSynced tells the operator of;
+// moving it to a synced stream is not built yet (docs/design.md,
+// "Catch-up rate").
 func keepPersistMode(ctx context.Context, siteJS jetstream.JetStream, sc *jetstream.StreamConfig) error {
 	st, err := siteJS.Stream(ctx, sc.Name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -340,6 +341,30 @@ func keepPersistMode(ctx context.Context, siteJS jetstream.JetStream, sc *jetstr
 	}
 	sc.PersistMode = st.CachedInfo().Config.PersistMode
 	return nil
+}
+
+// ErrSiteEventsAsync says a site's STEWARD_EVENTS is written with
+// persist_mode async, as set-ups made it for a while: the site's leaf node
+// confirms events to the hub before they are on its disk, so a kill of it
+// while it catches up can lose events the hub will not send again
+// (SiteStreamConfigs).
+var ErrSiteEventsAsync = errors.New("the site's events stream is written async")
+
+// CheckSiteEventsSynced reads the persist mode of site's STEWARD_EVENTS
+// through siteJS (in the site's domain). It returns an error wrapping
+// ErrSiteEventsAsync when an earlier set-up made it async, which SetupSite
+// keeps (keepPersistMode), so that the operator learns of the loss it
+// risks from the set-up, not from a lost event.
+func CheckSiteEventsSynced(ctx context.Context, siteJS jetstream.JetStream, site string) error {
+	st, err := siteJS.Stream(ctx, StreamEvents)
+	if err != nil {
+		return fmt.Errorf("site %s: read stream %s for its persist mode: %w", site, StreamEvents, err)
+	}
+	if st.CachedInfo().Config.PersistMode != jetstream.AsyncPersistMode {
+		return nil
+	}
+	return fmt.Errorf("site %s: %w: its %s was made with persist_mode async by an earlier set-up, and nats-server cannot change a stream's persist mode, so a kill of the site's leaf node while it catches up after a cut can lose events the hub will not send again; stop the leaf node with SIGTERM, which writes what it holds, never SIGKILL; moving the site to a synced stream is not built yet",
+		site, ErrSiteEventsAsync, StreamEvents)
 }
 
 // ErrMembershipRollback says a membership's generation is lower than the

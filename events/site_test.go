@@ -2,6 +2,7 @@ package events_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -171,6 +172,9 @@ func TestSetupSiteSourcesTheHubAndBack(t *testing.T) {
 	} else if m := st.CachedInfo().Config.PersistMode; m != jetstream.DefaultPersistMode {
 		t.Errorf("a new site's events stream has persist mode %v, want every write synced", m)
 	}
+	if err := events.CheckSiteEventsSynced(ctx, siteJS, "site-a"); err != nil {
+		t.Errorf("a new site's events stream: %v, want it found synced", err)
+	}
 	notices, err := siteNC.SubscribeSync(events.StoredPrefix + ".>")
 	if err != nil {
 		t.Fatal(err)
@@ -283,17 +287,7 @@ func TestSetupSiteKeepsAnEarlierPersistMode(t *testing.T) {
 	defer cancel()
 	cfg := sitetest.SetupBus(ctx, t, hubJS)
 	s := testSite()
-	if _, err := hubJS.CreateOrUpdatePushConsumer(ctx, events.StreamEvents, events.SiteConsumerConfig(s)); err != nil {
-		t.Fatal(err)
-	}
-	for _, sc := range events.SiteStreamConfigs(cfg.Streams, s) {
-		if sc.Name == events.StreamEvents {
-			sc.PersistMode = jetstream.AsyncPersistMode
-			if _, err := siteJS.CreateStream(ctx, sc); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	sitetest.MakeAsyncSiteEvents(ctx, t, hubJS, siteJS, cfg, s)
 	if err := events.SetupSite(ctx, siteJS, hubJS, cfg, s); err != nil {
 		t.Fatalf("set up again over an async events stream: %v", err)
 	}
@@ -307,5 +301,9 @@ func TestSetupSiteKeepsAnEarlierPersistMode(t *testing.T) {
 	}
 	if modes[events.StreamEvents] != jetstream.AsyncPersistMode || modes[events.StreamOutcomes] != jetstream.DefaultPersistMode {
 		t.Errorf("persist modes %v: want the events stream's kept async, the outcomes' default", modes)
+	}
+	err := events.CheckSiteEventsSynced(ctx, siteJS, "site-a")
+	if !errors.Is(err, events.ErrSiteEventsAsync) || !strings.Contains(err.Error(), "site site-a") || !strings.Contains(err.Error(), "SIGTERM") {
+		t.Errorf("the kept async events stream checked: %v, want ErrSiteEventsAsync naming the site and the way to stop its leaf node", err)
 	}
 }

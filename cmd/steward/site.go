@@ -210,6 +210,9 @@ line, "box NAME", "hive NAME" or "machine NAME"; '#' starts a comment.`,
 				return fmt.Errorf("steward site setup: %w (%s)", err, hint)
 			}
 			out := cmd.OutOrStdout()
+			if err := events.CheckSiteEventsSynced(sctx, siteJS, site.Name); err != nil {
+				fmt.Fprintf(cmd.ErrOrStderr(), "warning: %v\n", err)
+			}
 			fmt.Fprintf(out, "site %s: STEWARD_EVENTS sources %s's STEWARD_EVENTS through its consumer %s, on %d subjects (%d boxes, %d hives, %d machines)\n",
 				site.Name, site.HubDomain, events.SiteConsumer(site.Name), len(site.EventSubjects()), len(site.Boxes), len(site.Hives), len(site.Machines))
 			if fromMembership {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -223,11 +224,7 @@ func TestSiteSetupOnTheClosedBus(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	hubJS := connect(hub.ClientURL(), "", "")
-	cfg := events.DefaultBusConfig(1)
-	cfg.Streams.MaxBytes, cfg.Streams.DLQMaxBytes, cfg.CheckpointMaxBytes = 64<<20, 16<<20, 16<<20
-	if err := events.SetupBus(ctx, hubJS, cfg); err != nil {
-		t.Fatal(err)
-	}
+	sitetest.SetupBus(ctx, t, hubJS)
 	env := []string{"STEWARD_NATS_URL=" + hub.ClientURL(), "STEWARD_NATS_CREDS=" + opCreds}
 	limits := []string{"--max-bytes", fmt.Sprint(64 << 20), "--dlq-max-bytes", fmt.Sprint(16 << 20), "--checkpoint-max-bytes", fmt.Sprint(16 << 20)}
 	if r := run(t, env, append([]string{"site", "setup", "site-a", "--hives", "hive-1", "--site-url", hub.ClientURL()}, limits...)...); r.code == 0 || !strings.Contains(r.stderr, "not site site-a's leaf node") {
@@ -302,11 +299,7 @@ func TestStatusAtTheHubShowsTheSiteThroughACut(t *testing.T) {
 	hubURL := pair.Hub.ClientURL()
 	_, js := sitetest.Connect(t, pair.Hub, "")
 	ctx := context.Background()
-	cfg := events.DefaultBusConfig(1)
-	cfg.Streams.MaxBytes, cfg.Streams.DLQMaxBytes, cfg.CheckpointMaxBytes = 64<<20, 16<<20, 16<<20
-	if err := events.SetupBus(ctx, js, cfg); err != nil {
-		t.Fatal(err)
-	}
+	sitetest.SetupBus(ctx, t, js)
 	opsOK(t, hubURL, newSiteCmd, "setup", "site-a", "--hives", "hive-1", "--max-bytes", "67108864", "--dlq-max-bytes", "16777216", "--checkpoint-max-bytes", "16777216")
 	workertest.WaitUntil(t, "the site's leaf node sources through the hub's consumer", func() bool {
 		st := decodeJSON[ops.Status](t, opsOK(t, hubURL, newStatusCmd, "-o", "json"))
@@ -371,15 +364,12 @@ func TestSiteSetupWaitsForTheLeafNode(t *testing.T) {
 	pair := sitetest.Start(t, "site-a")
 	hubURL := pair.Hub.ClientURL()
 	nc, js := sitetest.Connect(t, pair.Hub, "")
-	cfg := events.DefaultBusConfig(1)
-	cfg.Streams.MaxBytes, cfg.Streams.DLQMaxBytes, cfg.CheckpointMaxBytes = 64<<20, 16<<20, 16<<20
-	if err := events.SetupBus(context.Background(), js, cfg); err != nil {
-		t.Fatal(err)
-	}
+	sitetest.SetupBus(context.Background(), t, js)
 	pair.Cut()
-	done := make(chan error, 1)
+	done, stderr := make(chan error, 1), make(chan string, 1)
 	go func() {
-		_, _, err := opsRun(t, hubURL, newSiteCmd, "setup", "site-a", "--hives", "hive-1", "--max-bytes", "67108864", "--dlq-max-bytes", "16777216", "--checkpoint-max-bytes", "16777216")
+		_, errOut, err := opsRun(t, hubURL, newSiteCmd, "setup", "site-a", "--hives", "hive-1", "--max-bytes", "67108864", "--dlq-max-bytes", "16777216", "--checkpoint-max-bytes", "16777216")
+		stderr <- errOut
 		done <- err
 	}()
 	// The setup has been refused by the unlinked site at least once when
@@ -392,11 +382,44 @@ func TestSiteSetupWaitsForTheLeafNode(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("steward site setup, the leaf node linked while it waited: %v", err)
 	}
+	if errOut := <-stderr; strings.Contains(errOut, "warning") {
+		t.Errorf("a new site's set-up warned:\n%s", errOut)
+	}
 	site, err := events.JetStreamIn(nc, "site-a")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := site.Stream(context.Background(), events.StreamEvents); err != nil {
 		t.Errorf("the site has no %s after the setup: %v", events.StreamEvents, err)
+	}
+}
+
+// A site whose events stream an earlier set-up made async is set up again
+// (nats-server cannot change a persist mode), and the operator is told
+// what that stream risks and how to stop its leaf node meanwhile.
+func TestSiteSetupWarnsOfAnAsyncEventsStream(t *testing.T) {
+	pair := sitetest.Start(t, "site-a")
+	nc, js := sitetest.Connect(t, pair.Hub, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg := sitetest.SetupBus(ctx, t, js)
+	site := events.Site{Name: "site-a", HubDomain: events.DefaultHubDomain, Hives: []string{"hive-1"}}
+	siteJS, err := events.JetStreamIn(nc, "site-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sitetest.MakeAsyncSiteEvents(ctx, t, js, siteJS, cfg, site)
+	out, errOut, err := opsRun(t, pair.Hub.ClientURL(), newSiteCmd, "setup", "site-a", "--hives", "hive-1",
+		"--max-bytes", strconv.FormatInt(cfg.Streams.MaxBytes, 10), "--dlq-max-bytes", strconv.FormatInt(cfg.Streams.DLQMaxBytes, 10), "--checkpoint-max-bytes", strconv.FormatInt(cfg.CheckpointMaxBytes, 10))
+	if err != nil {
+		t.Fatalf("steward site setup over an async events stream: %v\nstderr:\n%s", err, errOut)
+	}
+	for _, want := range []string{"warning: site site-a", "persist_mode async", "SIGTERM"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr does not say %q:\n%s", want, errOut)
+		}
+	}
+	if !strings.Contains(out, "site site-a: STEWARD_OUTCOMES, STEWARD_DLQ and bucket") {
+		t.Errorf("stdout does not report the set-up done:\n%s", out)
 	}
 }

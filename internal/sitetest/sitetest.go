@@ -133,3 +133,23 @@ func SetupBus(ctx context.Context, t testing.TB, hubJS jetstream.JetStream) even
 	}
 	return cfg
 }
+
+// MakeAsyncSiteEvents makes s's STEWARD_EVENTS at the site (siteJS) as
+// set-ups made it for a while, persist_mode async, sourcing the hub's
+// consumer for the site, which it makes first: a site set up before its
+// events stream was synced, for a test to set up again.
+func MakeAsyncSiteEvents(ctx context.Context, t testing.TB, hubJS, siteJS jetstream.JetStream, cfg events.BusConfig, s events.Site) {
+	t.Helper()
+	if _, err := hubJS.CreateOrUpdatePushConsumer(ctx, events.StreamEvents, events.SiteConsumerConfig(s)); err != nil {
+		t.Fatal(err)
+	}
+	for _, sc := range events.SiteStreamConfigs(cfg.Streams, s) {
+		if sc.Name != events.StreamEvents {
+			continue
+		}
+		sc.PersistMode = jetstream.AsyncPersistMode
+		if _, err := siteJS.CreateStream(ctx, sc); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
