@@ -350,17 +350,13 @@ func keepPersistMode(ctx context.Context, siteJS jetstream.JetStream, sc *jetstr
 // (SiteStreamConfigs).
 var ErrSiteEventsAsync = errors.New("the site's events stream is written async")
 
-// CheckSiteEventsSynced reads the persist mode of site's STEWARD_EVENTS
-// through siteJS (in the site's domain). It returns an error wrapping
-// ErrSiteEventsAsync when an earlier set-up made it async, which SetupSite
-// keeps (keepPersistMode), so that the operator learns of the loss it
-// risks from the set-up, not from a lost event.
-func CheckSiteEventsSynced(ctx context.Context, siteJS jetstream.JetStream, site string) error {
-	st, err := siteJS.Stream(ctx, StreamEvents)
-	if err != nil {
-		return fmt.Errorf("site %s: read stream %s for its persist mode: %w", site, StreamEvents, err)
-	}
-	if st.CachedInfo().Config.PersistMode != jetstream.AsyncPersistMode {
+// CheckSiteEventsSynced returns an error wrapping ErrSiteEventsAsync when
+// site's STEWARD_EVENTS, configured as cfg (read in the site's domain), is
+// written async, as an earlier set-up made it and SetupSite keeps it
+// (keepPersistMode), so that the operator learns of the loss it risks
+// from `steward site setup` and `steward status`, not from a lost event.
+func CheckSiteEventsSynced(site string, cfg jetstream.StreamConfig) error {
+	if cfg.PersistMode != jetstream.AsyncPersistMode {
 		return nil
 	}
 	return fmt.Errorf("site %s: %w: its %s was made with persist_mode async by an earlier set-up, and nats-server cannot change a stream's persist mode, so a kill of the site's leaf node while it catches up after a cut can lose events the hub will not send again; stop the leaf node with SIGTERM, which writes what it holds, never SIGKILL; moving the site to a synced stream is not built yet",

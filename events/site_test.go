@@ -171,8 +171,7 @@ func TestSetupSiteSourcesTheHubAndBack(t *testing.T) {
 		t.Fatal(err)
 	} else if m := st.CachedInfo().Config.PersistMode; m != jetstream.DefaultPersistMode {
 		t.Errorf("a new site's events stream has persist mode %v, want every write synced", m)
-	}
-	if err := events.CheckSiteEventsSynced(ctx, siteJS, "site-a"); err != nil {
+	} else if err := events.CheckSiteEventsSynced("site-a", st.CachedInfo().Config); err != nil {
 		t.Errorf("a new site's events stream: %v, want it found synced", err)
 	}
 	notices, err := siteNC.SubscribeSync(events.StoredPrefix + ".>")
@@ -302,7 +301,11 @@ func TestSetupSiteKeepsAnEarlierPersistMode(t *testing.T) {
 	if modes[events.StreamEvents] != jetstream.AsyncPersistMode || modes[events.StreamOutcomes] != jetstream.DefaultPersistMode {
 		t.Errorf("persist modes %v: want the events stream's kept async, the outcomes' default", modes)
 	}
-	err := events.CheckSiteEventsSynced(ctx, siteJS, "site-a")
+	st, err := siteJS.Stream(ctx, events.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = events.CheckSiteEventsSynced("site-a", st.CachedInfo().Config)
 	if !errors.Is(err, events.ErrSiteEventsAsync) || !strings.Contains(err.Error(), "site site-a") || !strings.Contains(err.Error(), "SIGTERM") {
 		t.Errorf("the kept async events stream checked: %v, want ErrSiteEventsAsync naming the site and the way to stop its leaf node", err)
 	}

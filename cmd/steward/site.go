@@ -210,7 +210,9 @@ line, "box NAME", "hive NAME" or "machine NAME"; '#' starts a comment.`,
 				return fmt.Errorf("steward site setup: %w (%s)", err, hint)
 			}
 			out := cmd.OutOrStdout()
-			if err := events.CheckSiteEventsSynced(sctx, siteJS, site.Name); err != nil {
+			if st, err := siteJS.Stream(sctx, events.StreamEvents); err != nil {
+				fmt.Fprintf(cmd.ErrOrStderr(), "warning: site %s: %s was set up and could not be read back for its persist mode: %v\n", site.Name, events.StreamEvents, err)
+			} else if err := events.CheckSiteEventsSynced(site.Name, st.CachedInfo().Config); err != nil {
 				fmt.Fprintf(cmd.ErrOrStderr(), "warning: %v\n", err)
 			}
 			fmt.Fprintf(out, "site %s: STEWARD_EVENTS sources %s's STEWARD_EVENTS through its consumer %s, on %d subjects (%d boxes, %d hives, %d machines)\n",

@@ -306,8 +306,8 @@ func TestStatusAtTheHubShowsTheSiteThroughACut(t *testing.T) {
 		return len(st.Sites) == 1 && st.Sites[0].Linked
 	})
 	out := opsOK(t, hubURL, newStatusCmd)
-	if !regexp.MustCompile(`(?m)^site-a\s+yes\s+0\s+-\s+0\s+0: none`).MatchString(out) {
-		t.Errorf("steward status at the hub, the site linked and idle:\n%s", out)
+	if !regexp.MustCompile(`(?m)^site-a\s+yes\s+0\s+-\s+0\s+0: none`).MatchString(out) || strings.Contains(out, "warning") {
+		t.Errorf("steward status at the hub, the site linked and idle, with nothing to warn of:\n%s", out)
 	}
 
 	pair.Cut()
@@ -421,5 +421,17 @@ func TestSiteSetupWarnsOfAnAsyncEventsStream(t *testing.T) {
 	}
 	if !strings.Contains(out, "site site-a: STEWARD_OUTCOMES, STEWARD_DLQ and bucket") {
 		t.Errorf("stdout does not report the set-up done:\n%s", out)
+	}
+	// And every `steward status` at the hub says it again.
+	workertest.WaitUntil(t, "steward status reads the site's instances", func() bool {
+		st := decodeJSON[ops.Status](t, opsOK(t, pair.Hub.ClientURL(), newStatusCmd, "-o", "json"))
+		return len(st.Sites) == 1 && st.Sites[0].Unreachable == ""
+	})
+	st := decodeJSON[ops.Status](t, opsOK(t, pair.Hub.ClientURL(), newStatusCmd, "-o", "json"))
+	if w := st.Sites[0].Warning; !strings.Contains(w, "site site-a") || !strings.Contains(w, "persist_mode async") {
+		t.Errorf("steward status -o json: the site's warning is %q, want its events stream named async", w)
+	}
+	if out := opsOK(t, pair.Hub.ClientURL(), newStatusCmd); !regexp.MustCompile(`(?m)^warning: site site-a: .*persist_mode async`).MatchString(out) {
+		t.Errorf("steward status at the hub does not warn of the site's async events stream:\n%s", out)
 	}
 }

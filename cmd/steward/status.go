@@ -34,7 +34,9 @@ leaf node is sourcing now, PENDING how many of its events the hub holds and has
 not sent it, OLDEST PENDING the age of the oldest of them, and its instances as
 they last reported, read from the site's own bucket through the hub and
 verified in the site's domain. A site that cannot be read (its link is cut) is
-shown unreachable, with why: its instances are unknown until the link is back.`,
+shown unreachable, with why: its instances are unknown until the link is back.
+A site whose set-up risks losing events (its events stream written async by an
+earlier set-up) is warned of under the sites.`,
 		Example: `  steward status
   steward status --worker credential --limit 50
   steward status --instance credential-hive-7 -o json`,
@@ -132,6 +134,11 @@ func printSites(t *table, now time.Time, sites []ops.SiteStatus) {
 			instances = "unreachable: " + s.Unreachable
 		}
 		t.row(s.Name, s.Linked, s.Pending, siteAge(s.Site), s.Unconfirmed, instances)
+	}
+	for _, s := range sites {
+		if s.Warning != "" {
+			t.line("warning: %s", s.Warning)
+		}
 	}
 	for _, s := range sites {
 		if s.Unreachable == "" && s.Total > 0 {

@@ -149,6 +149,10 @@ type SiteStatus struct {
 	// they last reported is kept at the site, and the hub holds no copy,
 	// so they are unknown until the link is back, never "none".
 	Unreachable string `json:"unreachable,omitempty"`
+	// Warning, when set, says what in the site's set-up risks a loss and
+	// what to do meanwhile: its events stream written async
+	// (events.CheckSiteEventsSynced).
+	Warning string `json:"warning,omitempty"`
 	InstanceSummary
 }
 
@@ -168,12 +172,9 @@ func siteStatuses(ctx context.Context, hub jetstream.JetStream, sites []Site, o 
 				// The lag's count stands without its age.
 				out[i].OldestPending = nil
 			}
-			sum, err := siteInstances(sctx, hub, s.Name, o, now)
-			if err != nil {
+			if err := out[i].readInstances(sctx, hub, o, now); err != nil {
 				out[i].Unreachable = redact.Line(err.Error())
-				return
 			}
-			out[i].InstanceSummary = sum
 		}()
 	}
 	wg.Wait()
@@ -181,52 +182,62 @@ func siteStatuses(ctx context.Context, hub jetstream.JetStream, sites []Site, o 
 	return out
 }
 
-// siteInstances reads the instances of site from its own JetStream, through
-// the hub ($JS.<site>.API, with the operator's credentials): its
+// readInstances reads the instances of the site from its own JetStream,
+// through the hub ($JS.<site>.API, with the operator's credentials): its
 // consumers, its instances' status documents, verified as each instance's
 // in the site's domain (docs/design.md §7) with the keys o.Docs believes,
-// and its dead letters, summarised as the hub's own are.
-func siteInstances(ctx context.Context, hub jetstream.JetStream, site string, o StatusOptions, now time.Time) (InstanceSummary, error) {
+// and its dead letters, summarised as the hub's own are; and its Warning.
+func (s *SiteStatus) readInstances(ctx context.Context, hub jetstream.JetStream, o StatusOptions, now time.Time) error {
 	nc := hub.Conn()
 	if nc == nil {
-		return InstanceSummary{}, errors.New("no connection to reach the site through")
+		return errors.New("no connection to reach the site through")
 	}
-	js, err := events.JetStreamIn(nc, site)
+	js, err := events.JetStreamIn(nc, s.Name)
 	if err != nil {
-		return InstanceSummary{}, err
+		return err
 	}
 	ev, err := js.Stream(ctx, events.StreamEvents)
 	if err != nil {
-		return InstanceSummary{}, fmt.Errorf("look up %s in domain %s: %w", events.StreamEvents, site, err)
+		return fmt.Errorf("look up %s in domain %s: %w", events.StreamEvents, s.Name, err)
+	}
+	// A site whose events stream risks a loss says so beside its
+	// instances: the configuration came with the stream they are read from.
+	if err := events.CheckSiteEventsSynced(s.Name, ev.CachedInfo().Config); err != nil {
+		s.Warning = err.Error()
 	}
 	byName := map[string]*Instance{}
 	if _, err := listInstances(ctx, ev, byName); err != nil {
-		return InstanceSummary{}, err
+		return err
 	}
 	var docs *events.Store
 	if o.Docs != nil {
 		kv, err := js.KeyValue(ctx, events.CheckpointBucket)
 		if err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
-			return InstanceSummary{}, fmt.Errorf("open bucket %s in domain %s: %w", events.CheckpointBucket, site, err)
+			return fmt.Errorf("open bucket %s in domain %s: %w", events.CheckpointBucket, s.Name, err)
 		}
 		if kv != nil {
 			// Read-only, bound to the site's domain: a document copied
 			// from the hub or another site does not verify here.
-			docs = events.NewStore(kv, events.StoreOptions{Verifier: o.Docs.Verifier(), Domain: site})
+			docs = events.NewStore(kv, events.StoreOptions{Verifier: o.Docs.Verifier(), Domain: s.Name})
 			docs.BindStream(ctx, js)
 		}
 	}
 	if docs != nil || o.Docs == nil {
 		if err := readStatusDocs(ctx, js, docs, o.Worker, byName); err != nil {
-			return InstanceSummary{}, err
+			return err
 		}
 	}
 	if err := readDLQDepth(ctx, js, byName); err != nil {
-		return InstanceSummary{}, err
+		return err
 	}
 	proofs := ProofsOf(docs)
 	if docs == nil && o.Docs != nil {
-		proofs = Proofs{Verifier: o.Docs.Verifier(), Domain: site}
+		proofs = Proofs{Verifier: o.Docs.Verifier(), Domain: s.Name}
 	}
-	return summarize(ctx, js, ev, byName, o, now, proofs)
+	sum, err := summarize(ctx, js, ev, byName, o, now, proofs)
+	if err != nil {
+		return err
+	}
+	s.InstanceSummary = sum
+	return nil
 }
