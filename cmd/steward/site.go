@@ -211,7 +211,7 @@ line, "box NAME", "hive NAME" or "machine NAME"; '#' starts a comment.`,
 			}
 			out := cmd.OutOrStdout()
 			if st, err := siteJS.Stream(sctx, events.StreamEvents); err != nil {
-				fmt.Fprintf(cmd.ErrOrStderr(), "warning: site %s: %s was set up and could not be read back for its persist mode: %v\n", site.Name, events.StreamEvents, err)
+				fmt.Fprintf(cmd.ErrOrStderr(), "warning: site %s: %s was set up and could not be read back for its persist mode (%v); steward status at the hub reads it again\n", site.Name, events.StreamEvents, err)
 			} else if err := events.CheckSiteEventsSynced(site.Name, st.CachedInfo().Config); err != nil {
 				fmt.Fprintf(cmd.ErrOrStderr(), "warning: %v\n", err)
 			}
