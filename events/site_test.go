@@ -277,7 +277,9 @@ func TestSetupSiteSourcesTheHubAndBack(t *testing.T) {
 
 // A site whose events stream an earlier set-up made with persist_mode:
 // async is set up again without error (nats-server refuses to change a
-// stream's persist mode), and keeps it; a new site's is synced.
+// stream's persist mode), keeps it, and is found async by the check the
+// operator's warnings come from (a new site's is found synced in
+// TestSetupSiteSourcesTheHubAndBack).
 func TestSetupSiteKeepsAnEarlierPersistMode(t *testing.T) {
 	pair := sitetest.Start(t, "site-a")
 	_, hubJS := sitetest.Connect(t, pair.Hub, "hub")
