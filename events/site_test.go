@@ -292,22 +292,18 @@ func TestSetupSiteKeepsAnEarlierPersistMode(t *testing.T) {
 	if err := events.SetupSite(ctx, siteJS, hubJS, cfg, s); err != nil {
 		t.Fatalf("set up again over an async events stream: %v", err)
 	}
-	modes := map[string]jetstream.PersistModeType{}
+	configs := map[string]jetstream.StreamConfig{}
 	for _, name := range []string{events.StreamEvents, events.StreamOutcomes} {
 		st, err := siteJS.Stream(ctx, name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		modes[name] = st.CachedInfo().Config.PersistMode
+		configs[name] = st.CachedInfo().Config
 	}
-	if modes[events.StreamEvents] != jetstream.AsyncPersistMode || modes[events.StreamOutcomes] != jetstream.DefaultPersistMode {
-		t.Errorf("persist modes %v: want the events stream's kept async, the outcomes' default", modes)
+	if ev, out := configs[events.StreamEvents].PersistMode, configs[events.StreamOutcomes].PersistMode; ev != jetstream.AsyncPersistMode || out != jetstream.DefaultPersistMode {
+		t.Errorf("persist modes: events %v, outcomes %v; want the events stream's kept async, the outcomes' default", ev, out)
 	}
-	st, err := siteJS.Stream(ctx, events.StreamEvents)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = events.CheckSiteEventsSynced("site-a", st.CachedInfo().Config)
+	err := events.CheckSiteEventsSynced("site-a", configs[events.StreamEvents])
 	if !errors.Is(err, events.ErrSiteEventsAsync) || !strings.Contains(err.Error(), "site site-a") || !strings.Contains(err.Error(), "SIGTERM") {
 		t.Errorf("the kept async events stream checked: %v, want ErrSiteEventsAsync naming the site and the way to stop its leaf node", err)
 	}

@@ -366,11 +366,14 @@ func TestSiteSetupWaitsForTheLeafNode(t *testing.T) {
 	nc, js := sitetest.Connect(t, pair.Hub, "")
 	sitetest.SetupBus(context.Background(), t, js)
 	pair.Cut()
-	done, stderr := make(chan error, 1), make(chan string, 1)
+	type result struct {
+		stderr string
+		err    error
+	}
+	done := make(chan result, 1)
 	go func() {
 		_, errOut, err := opsRun(t, hubURL, newSiteCmd, "setup", "site-a", "--hives", "hive-1", "--max-bytes", "67108864", "--dlq-max-bytes", "16777216", "--checkpoint-max-bytes", "16777216")
-		stderr <- errOut
-		done <- err
+		done <- result{errOut, err}
 	}()
 	// The setup has been refused by the unlinked site at least once when
 	// the hub holds its consumer (made first) and the site no stream.
@@ -379,11 +382,12 @@ func TestSiteSetupWaitsForTheLeafNode(t *testing.T) {
 		return err == nil && len(sites) == 1
 	})
 	pair.Restart()
-	if err := <-done; err != nil {
-		t.Fatalf("steward site setup, the leaf node linked while it waited: %v", err)
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("steward site setup, the leaf node linked while it waited: %v", r.err)
 	}
-	if errOut := <-stderr; strings.Contains(errOut, "warning") {
-		t.Errorf("a new site's set-up warned:\n%s", errOut)
+	if strings.Contains(r.stderr, "warning") {
+		t.Errorf("a new site's set-up warned:\n%s", r.stderr)
 	}
 	site, err := events.JetStreamIn(nc, "site-a")
 	if err != nil {
