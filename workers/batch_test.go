@@ -95,7 +95,7 @@ func TestARunWhoseCheckpointCannotBeWrittenIsRecordedLater(t *testing.T) {
 	const n = 5
 
 	g := newGate(t)
-	var logs syncBuffer
+	var logs workertest.Logs
 	r := workertest.Start(t, js, spec("unrecorded"), g, fastRetries(), workers.WithLogger(zerolog.New(&logs)))
 	for v := uint64(1); v <= n; v++ {
 		publishRotation(t, js, "hive-down", v)

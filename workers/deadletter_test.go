@@ -1,13 +1,11 @@
 package workers_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -72,23 +70,20 @@ func lettersByID(t testing.TB, js jetstream.JetStream, instance string) map[stri
 	return out
 }
 
-// syncBuffer is a log sink the worker's goroutines write to while the test
-// reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+// shortDLQDedupe shortens the DLQ's duplicate window to 3 s, so a
+// squatter's dedupe entry expires within the test.
+func shortDLQDedupe(t *testing.T, js jetstream.JetStream) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := js.Stream(ctx, events.StreamDLQ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.Duplicates = 3 * time.Second
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
 }
 
 const badData = `{"hive":"HIVE","version":0,"clientId":"c","secret":"-----BEGIN AGE ENCRYPTED FILE-----"}`
@@ -166,20 +161,11 @@ func TestDeadLetterSuppressedByPublisherHeaders(t *testing.T) {
 func TestDeadLetterSquattedID(t *testing.T) {
 	srv := workertest.StartServer(t)
 	js := srv.JetStream(t)
-	var logs syncBuffer
+	var logs workertest.Logs
 	w := workertest.Start(t, js, spec("sq"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error { return nil }),
 		workers.WithAckWait(300*time.Millisecond), workers.WithLogger(zerolog.New(&logs)))
 	// A short dedupe window, so the squat expires within the test.
-	ctx := context.Background()
-	s, err := js.Stream(ctx, events.StreamDLQ)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := s.CachedInfo().Config
-	cfg.Duplicates = 3 * time.Second
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	shortDLQDedupe(t, js)
 
 	msg := rawRotation(t, "victim", "v1", bad("v1"))
 	seq := lastSeq(t, js, events.StreamEvents) + 1
@@ -231,19 +217,10 @@ func TestDeadLetterSquattedID(t *testing.T) {
 func TestDeadLetterSquattedWithItsOwnContent(t *testing.T) {
 	srv := workertest.StartServer(t)
 	js := srv.JetStream(t)
-	var logs syncBuffer
+	var logs workertest.Logs
 	w := workertest.Start(t, js, spec("sq2"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error { return nil }),
 		workers.WithAckWait(300*time.Millisecond), workers.WithLogger(zerolog.New(&logs)))
-	ctx := context.Background()
-	s, err := js.Stream(ctx, events.StreamDLQ)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := s.CachedInfo().Config
-	cfg.Duplicates = 3 * time.Second
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	shortDLQDedupe(t, js)
 	msg := rawRotation(t, "victim", "v1", bad("v1"))
 	seq := lastSeq(t, js, events.StreamEvents) + 1
 	squat, _ := events.NewDeadLetter(events.LetterSource{
@@ -292,7 +269,7 @@ func TestDeadLetterRedeliveryFindsItsOwnLetter(t *testing.T) {
 		Header: orig.Header, Data: orig.Data, Signer: workertest.Signer("rt-own"),
 	})
 	publishRaw(t, js, letter)
-	var logs syncBuffer
+	var logs workertest.Logs
 	w := workertest.Start(t, js, spec("own"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error { return nil }),
 		workers.WithLogger(zerolog.New(&logs)))
 	workertest.WaitIdle(t, js, w.ConsumerName())
@@ -418,7 +395,7 @@ func TestDeadLetterReasonNeverQuotesSecret(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs workertest.Logs
 	w := workertest.Start(t, js, spec("sec"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error { return nil }),
 		workers.WithLogger(zerolog.New(&logs)))
 	publishRaw(t, js, rawRotation(t, "pasted", "p1", []byte(`{"hive":"p1","version":1,"clientId":"c","secret":"`+plain+`"}`)))

@@ -1,7 +1,6 @@
 package workers_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"math"
@@ -72,12 +71,11 @@ func TestAnEventAppliedByAWorkerKilledBeforeItsCheckpointKeepsItsOutcome(t *test
 	publishRotation(t, js, "hive-k", 2)
 	rec := newRecorder()
 	reg := prometheus.NewRegistry()
-	var logs bytes.Buffer
-	var logMu sync.Mutex
+	var logs workertest.Logs
 	r := workertest.Start(t, js, sp, workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
 		rec.record(d.Key, versionOf(t, d))
 		return d.Emit(ctx, "applied", nil)
-	}), workers.WithAckWait(ackWait), workers.WithRegisterer(reg), workers.WithLogger(zerolog.New(lockedWriter{&logMu, &logs})))
+	}), workers.WithAckWait(ackWait), workers.WithRegisterer(reg), workers.WithLogger(zerolog.New(&logs)))
 	workertest.WaitIdle(t, js, r.ConsumerName())
 
 	if rec.count(1) != 0 || rec.count(2) != 1 {
@@ -100,8 +98,6 @@ func TestAnEventAppliedByAWorkerKilledBeforeItsCheckpointKeepsItsOutcome(t *test
 		}
 	}
 	// The operator is told why no superseded outcome follows.
-	logMu.Lock()
-	defer logMu.Unlock()
 	if !strings.Contains(logs.String(), "superseded was not stored (an event keeps its first outcome)") {
 		t.Errorf("the log does not say the superseded outcome was dropped:\n%s", logs.String())
 	}

@@ -1,14 +1,12 @@
 package workers_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,15 +22,13 @@ import (
 func TestLogsCarryTheFieldsAndMetricsAndHealthAreServed(t *testing.T) {
 	srv := workertest.StartServer(t)
 	js := srv.JetStream(t)
-	var logs bytes.Buffer
-	var logMu sync.Mutex
+	var logs workertest.Logs
 	reg := prometheus.NewRegistry()
 	r := workertest.Start(t, js, spec("observe"), workers.HandlerFunc(func(context.Context, *workers.Delivery) error { return nil }),
-		workers.WithLogger(zerolog.New(lockedWriter{&logMu, &logs})), workers.WithRegisterer(reg))
+		workers.WithLogger(zerolog.New(&logs)), workers.WithRegisterer(reg))
 	ack := publishRotation(t, js, "hive-log", 7)
 	workertest.WaitIdle(t, js, r.ConsumerName())
 
-	logMu.Lock()
 	var line map[string]any
 	for _, l := range strings.Split(logs.String(), "\n") {
 		if strings.Contains(l, `"delivery handled"`) {
@@ -44,7 +40,6 @@ func TestLogsCarryTheFieldsAndMetricsAndHealthAreServed(t *testing.T) {
 	if strings.Contains(logs.String(), "not-a-real-secret") {
 		t.Error("event data reached the logs")
 	}
-	logMu.Unlock()
 	for field, want := range map[string]any{"worker": testWorker, "instance": "observe", "key": "hive-log", "event_id": ack.ID,
 		"type": events.TypeCredentialRotated, "seq": float64(ack.Sequence), "attempt": float64(1), "outcome": "applied"} {
 		if line[field] != want {

@@ -3,7 +3,6 @@ package workers_test
 import (
 	"context"
 	"errors"
-	"io"
 	"strconv"
 	"strings"
 	"sync"
@@ -139,17 +138,6 @@ func dieHoldingAfter(t *testing.T, srv *workertest.Server, sp workers.Spec, ackW
 	workertest.WaitUntil(t, "the dead worker's pull requests are gone", func() bool {
 		return consumerInfo(t, observer, sp.Name+"-"+sp.Instance).NumWaiting == 0
 	})
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
-}
-
-func (l lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
 
 // latestSpec is spec under latest-wins: a rotation's version is its rank,

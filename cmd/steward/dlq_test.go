@@ -347,7 +347,7 @@ func TestDLQLsFollow(t *testing.T) {
 
 	g := &globals{natsURL: srv.URL(), replicas: 1, log: zerolog.Nop()}
 	cmd := newDLQCmd(g)
-	var stdout syncBuffer
+	var stdout workertest.Logs
 	cmd.SetOut(&stdout)
 	cmd.SetErr(io.Discard)
 	cmd.SetArgs([]string{"ls", "--worker", "credential-h1", "--follow", "--json"})

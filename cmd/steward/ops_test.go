@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -526,24 +525,6 @@ func TestOutputEscapesControlCharacters(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer a command writes while a test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestOpsHistoryFollow proves history --follow --json prints the stored
 // entries, then each one stored afterwards as one JSON line, and ends
 // cleanly when its context is cancelled (Ctrl-C).
@@ -553,7 +534,7 @@ func TestOpsHistoryFollow(t *testing.T) {
 	publishRotation(t, js, "h1", 1)
 	g := &globals{natsURL: srv.URL(), replicas: 1, log: zerolog.Nop()}
 	cmd := opsCmd("history")(g)
-	var stdout syncBuffer
+	var stdout workertest.Logs
 	cmd.SetOut(&stdout)
 	cmd.SetErr(io.Discard)
 	cmd.SetArgs([]string{"credential", "h1", "--follow", "--json"})

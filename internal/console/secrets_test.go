@@ -1,7 +1,6 @@
 package console_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -51,25 +50,6 @@ func leaks(out string) []string {
 	return found
 }
 
-// syncBuffer is a log sink the runtime's goroutines write while the test
-// reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestNoComponentShowsASecret feeds a handler's error holding an armored
 // block and an age identity past 2,000 characters to every component that
 // logs, stores or prints an error: the runtime (its log, its span, the
@@ -94,7 +74,7 @@ func TestNoComponentShowsASecret(t *testing.T) {
 		return workers.Permanent(leakyError())
 	})
 	const sealed = "-----BEGIN AGE ENCRYPTED FILE-----\nx\n-----END AGE ENCRYPTED FILE-----"
-	var logs syncBuffer
+	var logs workertest.Logs
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })

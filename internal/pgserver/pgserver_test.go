@@ -45,21 +45,6 @@ func testDir(t *testing.T) string {
 	return filepath.Join(root, "postgres")
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.After(30 * time.Second)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-deadline:
-			t.Fatalf("%s: not within 30s", what)
-		case <-tick.C:
-		}
-	}
-}
-
 func query(t *testing.T, url, sql string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -237,7 +222,7 @@ func TestCluster(t *testing.T) {
 	if err := s.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the server stops answering", func() bool { return !answers(s.Port) })
+	workertest.WaitUntil(t, "the server stops answering", func() bool { return !answers(s.Port) })
 }
 
 // TestHalfMade proves a cluster whose initdb was cut short is made again.

@@ -85,7 +85,7 @@ func TestRotationPublishesPairWithModes(t *testing.T) {
 	if dl := workertest.DeadLetters(h.t, h.js, credential.Name, h.name); len(dl) != 0 {
 		t.Fatalf("dead letters: %v", dl[0].Reason)
 	}
-	if len(h.logs.lines("info")) == 0 {
+	if len(h.logLines("info")) == 0 {
 		t.Fatal("no log line captured: the leak check would prove nothing")
 	}
 	h.assertNoSecret()
@@ -501,7 +501,7 @@ func TestRetryableFailuresAreRetriedThenApplied(t *testing.T) {
 	if len(workertest.Outcomes(h.t, h.js, credential.Name, h.name)) != 0 || len(workertest.DeadLetters(h.t, h.js, credential.Name, h.name)) != 0 {
 		t.Fatal("a retryable failure produced an outcome or a dead letter")
 	}
-	loud := h.logs.lines("error")
+	loud := h.logLines("error")
 	if len(loud) < 3 || !strings.Contains(loud[0], dir) || !strings.Contains(loud[0], "is not a folder") {
 		t.Fatalf("want an error line per failed delivery naming the state found, got %d: %v", len(loud), loud)
 	}

@@ -21,9 +21,9 @@ const foreignUID = 65534
 // returned, so a count of handler calls runs ahead of them.
 func (h *hive) waitFailures(n int, what string) []string {
 	h.t.Helper()
-	before := len(h.logs.lines("error"))
-	workertest.WaitUntil(h.t, what, func() bool { return len(h.logs.lines("error")) >= before+n })
-	return h.logs.lines("error")[before:]
+	before := len(h.logLines("error"))
+	workertest.WaitUntil(h.t, what, func() bool { return len(h.logLines("error")) >= before+n })
+	return h.logLines("error")[before:]
 }
 
 // TestMissingFolderIsMadeByTheWorker is issue 14: with --credential-dir

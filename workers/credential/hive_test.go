@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -28,36 +27,6 @@ import (
 	"github.com/steward-dev/steward/workers/workertest"
 )
 
-// syncBuffer collects the zerolog lines of a test; zerolog writes each line
-// with one Write, from several goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// lines returns the log lines at a level ("error", "warn", ...).
-func (b *syncBuffer) lines(level string) []string {
-	var out []string
-	for _, l := range strings.Split(b.String(), "\n") {
-		if strings.Contains(l, `"level":"`+level+`"`) {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
 // hive is one credential worker under test, with its own identity and
 // credential directory, running against a real embedded NATS server.
 type hive struct {
@@ -67,7 +36,7 @@ type hive struct {
 	recipient string
 	cfg       credential.Config
 	w         *credential.Worker
-	logs      *syncBuffer
+	logs      *workertest.Logs
 	// attempts counts every delivery the handler received.
 	attempts atomic.Int64
 	// secrets are the plaintexts this test sent; none may leak.
@@ -75,6 +44,17 @@ type hive struct {
 	// handle, when set before start, handles deliveries instead of w (to
 	// play a crash between the steps of a delivery).
 	handle workers.HandlerFunc
+}
+
+// logLines returns the worker's log lines at a level ("error", "warn", ...).
+func (h *hive) logLines(level string) []string {
+	var out []string
+	for _, l := range strings.Split(h.logs.String(), "\n") {
+		if strings.Contains(l, `"level":"`+level+`"`) {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 func newHive(t *testing.T, js jetstream.JetStream, name string) *hive {
@@ -102,7 +82,7 @@ func newHiveWith(t *testing.T, js jetstream.JetStream, name string, prepare func
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &hive{t: t, js: js, name: name, recipient: recipient, cfg: cfg, w: w, logs: &syncBuffer{}}
+	return &hive{t: t, js: js, name: name, recipient: recipient, cfg: cfg, w: w, logs: &workertest.Logs{}}
 }
 
 // start runs the worker with fast retries, so retry tests wait on
