@@ -164,7 +164,6 @@ func TestDeadLetterSquattedID(t *testing.T) {
 	var logs workertest.Logs
 	w := workertest.Start(t, js, spec("sq"), workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error { return nil }),
 		workers.WithAckWait(300*time.Millisecond), workers.WithLogger(zerolog.New(&logs)))
-	// A short dedupe window, so the squat expires within the test.
 	shortDLQDedupe(t, js)
 
 	msg := rawRotation(t, "victim", "v1", bad("v1"))
