@@ -87,9 +87,9 @@ func ok(t *testing.T, env []string, args ...string) result {
 // proc is a long-running steward process whose stdout is read line by line.
 type proc struct {
 	cmd    *exec.Cmd
-	mu     sync.Mutex
+	mu     sync.Mutex // guards lines
 	lines  []string
-	stderr bytes.Buffer
+	stderr workertest.Logs
 	done   chan struct{}
 	err    error
 }
@@ -98,7 +98,7 @@ func start(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
 	p := &proc{cmd: exec.Command(bin, args...), done: make(chan struct{})}
 	p.cmd.Env = cleanEnv(env...)
-	p.cmd.Stderr = &lockedWriter{mu: &p.mu, w: &p.stderr}
+	p.cmd.Stderr = &p.stderr
 	out, err := p.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -131,28 +131,13 @@ func start(t *testing.T, env []string, args ...string) *proc {
 	return p
 }
 
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(b)
-}
-
 func (p *proc) output() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return strings.Join(p.lines, "\n")
 }
 
-func (p *proc) errors() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.stderr.String()
-}
+func (p *proc) errors() string { return p.stderr.String() }
 
 func (p *proc) snapshot() []string {
 	p.mu.Lock()

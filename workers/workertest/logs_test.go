@@ -29,10 +29,18 @@ func TestLogsKeepsEveryLineWholeUnderConcurrentWriters(t *testing.T) {
 			}
 		}()
 	}
-	for range 50 {
-		_ = logs.String() // read while they write, as a test's WaitUntil does
+	// Read until the writers are done, as a test's WaitUntil does while the
+	// worker logs.
+	written := make(chan struct{})
+	go func() { wg.Wait(); close(written) }()
+	for done := false; !done; {
+		select {
+		case <-written:
+			done = true
+		default:
+			_ = logs.String()
+		}
 	}
-	wg.Wait()
 
 	lines := strings.Split(strings.TrimSuffix(logs.String(), "\n"), "\n")
 	if len(lines) != writers*each {
