@@ -22,6 +22,7 @@ import (
 	"github.com/steward-dev/steward/internal/atomicfile"
 	"github.com/steward-dev/steward/internal/devstack"
 	"github.com/steward-dev/steward/internal/natsauth"
+	"github.com/steward-dev/steward/internal/pgserver"
 	"github.com/steward-dev/steward/workers/credential"
 )
 
@@ -176,11 +177,7 @@ func memoryBenchDir(o memoryOptions) (dir string, cleanup func(), err error) {
 	if o.dir != "" {
 		return o.dir, func() {}, os.MkdirAll(o.dir, 0o711)
 	}
-	if dir, err = os.MkdirTemp("", "steward-bench-memory-"); err != nil {
-		return "", nil, err
-	}
-	if err := os.Chmod(dir, 0o711); err != nil {
-		os.RemoveAll(dir)
+	if dir, err = pgserver.TempDir("steward-bench-memory-"); err != nil {
 		return "", nil, err
 	}
 	if o.keepDir {

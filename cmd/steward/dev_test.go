@@ -371,14 +371,11 @@ func pgBinOrSkip(t *testing.T) string {
 // run as root: t.TempDir's parents are 0700.
 func reachableDir(t *testing.T) string {
 	t.Helper()
-	root, err := os.MkdirTemp("", "steward-dev-pg-")
+	root, err := pgserver.TempDir("steward-dev-pg-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(root) })
-	if err := os.Chmod(root, 0o711); err != nil {
-		t.Fatal(err)
-	}
 	return filepath.Join(root, "dev")
 }
 

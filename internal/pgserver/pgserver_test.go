@@ -34,14 +34,11 @@ func testBin(t *testing.T) string {
 // enter them.
 func testDir(t *testing.T) string {
 	t.Helper()
-	root, err := os.MkdirTemp("", "steward-pgserver-")
+	root, err := TempDir("steward-pgserver-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(root) })
-	if err := os.Chmod(root, 0o711); err != nil {
-		t.Fatal(err)
-	}
 	return filepath.Join(root, "postgres")
 }
 
@@ -254,5 +251,29 @@ func TestRootNeedsAPath(t *testing.T) {
 	_, err := Start(context.Background(), Options{Bin: bin, Dir: filepath.Join(closed, "pg")})
 	if err == nil || !strings.Contains(err.Error(), "cannot enter") || !strings.Contains(err.Error(), "chmod o+x") {
 		t.Fatalf("unreachable folder: %v", err)
+	}
+}
+
+// TempDir's folder lets the server's user through to a cluster below it,
+// which os.MkdirTemp's 0700 does not, and lists nothing to anyone else.
+func TestTempDirLetsTheServerThrough(t *testing.T) {
+	dir, err := TempDir("steward-pgserver-tempdir-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	fi, err := os.Stat(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mode := fi.Mode().Perm(); mode != 0o711 {
+		t.Fatalf("%s is %v, want 0711", dir, mode)
+	}
+	r, err := serverUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.canReach(filepath.Join(dir, "postgres")); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -48,6 +48,43 @@ func forgeStage(t *testing.T, js jetstream.JetStream, seq uint64, stage any) {
 	}
 }
 
+// seedThenStop starts the worker once, records 1.0.0 installed as its first
+// delivery seeds it before any stage, and stops it, so the next event waits
+// while its stage is forged.
+func seedThenStop(t *testing.T, js jetstream.JetStream, cfg Config) {
+	t.Helper()
+	_, r := startWorker(t, js, cfg)
+	if _, err := r.State().Put(context.Background(), InstalledDoc, Installed{Version: "1.0.0", Seed: true}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// resumeForged runs an exec worker, seeded at 1.0.0, against a registry
+// holding 1.1.0 (signed, converging from minFrom) and a release-published
+// 1.1.0 that waits with a forged stage: what forged makes of the release's
+// verified evidence and manifest digest. It returns the worker, its server's JetStream
+// and the file the exec runner's command writes a "version image" line to
+// a run.
+func resumeForged(t *testing.T, minFrom string, forged func(Evidence, string) any) (*workertest.Running, jetstream.JetStream, string) {
+	t.Helper()
+	key := newKeyPair(t, signing.P256)
+	reg := t.TempDir()
+	writeRelease(t, reg, key, manifest("1.1.0", minFrom))
+	good, digest := verifiedRelease(t, reg, key, "1.1.0")
+	ran := filepath.Join(t.TempDir(), "ran")
+	srv := workertest.StartServer(t)
+	js := srv.JetStream(t)
+	cfg := execConfig(t, reg, key, `echo "$STEWARD_TARGET_VERSION $STEWARD_IMAGE" >> `+ran)
+	seedThenStop(t, js, cfg)
+	ack := workertest.PublishData(t, js, events.TypeReleasePublished, "1.1.0", events.ReleasePublished{Version: "1.1.0"})
+	forgeStage(t, js, ack.Sequence, forged(good, digest))
+	_, r := startWorker(t, js, cfg)
+	return r, js, ran
+}
+
 // ranLog is what the exec runner's command saw, one "version image" line a
 // run.
 func ranLog(t *testing.T, path string) string {
@@ -80,17 +117,7 @@ func TestForgedStageNeverRunsUnsignedImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	okSum := func() string {
-		e, err := dirRegistry{root: reg}.fetch(context.Background(), "1.1.0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, d, err := verifyEvidence(newReleaseKeys(mustKey(t, key)), "1.1.0", e)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}()
+	_, okSum := verifiedRelease(t, reg, key, "1.1.0")
 
 	type variant struct {
 		name     string
@@ -144,52 +171,18 @@ func TestForgedStageNeverRunsUnsignedImage(t *testing.T) {
 // (claiming 1.1.0 converges from 0.9.0 while 1.0.0 is installed) is
 // refused. (A stage whose installed-version document was deleted holds
 // instead: TestInstalledDocHoldsWhenTheRunnerCannotRebuildIt.)
-func TestForgedStageStartingPointAndMissingInstalledDoc(t *testing.T) {
-	key := newKeyPair(t, signing.P256)
-	reg := t.TempDir()
-	writeRelease(t, reg, key, manifest("1.1.0", "0.1.0"))
-	good, err := dirRegistry{root: reg}.fetch(context.Background(), "1.1.0")
-	if err != nil {
-		t.Fatal(err)
+func TestForgedStageWithAnotherStartingPointIsRefused(t *testing.T) {
+	r, js, ran := resumeForged(t, "0.1.0", func(good Evidence, digest string) any {
+		return stage{Stage: stageVerified, Version: "1.1.0", From: "0.9.0", Image: image("1.1.0"), ManifestDigest: digest, Evidence: &good}
+	})
+	ref := outcomeData[Refused](t, waitOutcomes(t, js, 1)[0], OutcomeRefused)
+	const want = `converges from "0.9.0" but the verified installed version is "1.0.0"`
+	if !strings.Contains(ref.Reason, want) || !strings.Contains(ref.Reason, "nothing ran") {
+		t.Fatalf("refused %+v, want %q", ref, want)
 	}
-	_, digest, err := verifyEvidence(newReleaseKeys(mustKey(t, key)), "1.1.0", good)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range []struct {
-		name, from string
-		seed       bool
-		want       string
-	}{
-		{"another starting point", "0.9.0", true, `converges from "0.9.0" but the verified installed version is "1.0.0"`},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			ran := filepath.Join(t.TempDir(), "ran")
-			srv := workertest.StartServer(t)
-			js := srv.JetStream(t)
-			cfg := execConfig(t, reg, key, `echo "$STEWARD_TARGET_VERSION $STEWARD_IMAGE" >> `+ran)
-			_, r := startWorker(t, js, cfg)
-			if c.seed {
-				if _, err := r.State().Put(context.Background(), InstalledDoc, Installed{Version: "1.0.0", Seed: true}, 0); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := r.Stop(); err != nil {
-				t.Fatal(err)
-			}
-			ack := workertest.PublishData(t, js, events.TypeReleasePublished, "1.1.0", events.ReleasePublished{Version: "1.1.0"})
-			forgeStage(t, js, ack.Sequence, stage{Stage: stageVerified, Version: "1.1.0", From: c.from, Image: image("1.1.0"), ManifestDigest: digest, Evidence: &good})
-			_, r = startWorker(t, js, cfg)
-			got := waitOutcomes(t, js, 1)
-			ref := outcomeData[Refused](t, got[0], OutcomeRefused)
-			if !strings.Contains(ref.Reason, c.want) || !strings.Contains(ref.Reason, "nothing ran") {
-				t.Fatalf("refused %+v, want %q", ref, c.want)
-			}
-			noDeadLetters(t, js, r)
-			if log := ranLog(t, ran); log != "" {
-				t.Fatalf("the ops job ran: %q", log)
-			}
-		})
+	noDeadLetters(t, js, r)
+	if log := ranLog(t, ran); log != "" {
+		t.Fatalf("the ops job ran: %q", log)
 	}
 }
 
@@ -287,31 +280,9 @@ func TestForgedOrDeletedInstalledDocIsRebuiltFromTheRunner(t *testing.T) {
 // A stage an older worker saved without evidence still resumes, verified
 // from the registry's signed release.
 func TestLegacyStageIsVerifiedFromTheRegistry(t *testing.T) {
-	key := newKeyPair(t, signing.P256)
-	reg := t.TempDir()
-	writeRelease(t, reg, key, manifest("1.1.0", "1.0.0"))
-	good, err := dirRegistry{root: reg}.fetch(context.Background(), "1.1.0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, digest, err := verifyEvidence(newReleaseKeys(mustKey(t, key)), "1.1.0", good)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ran := filepath.Join(t.TempDir(), "ran")
-	srv := workertest.StartServer(t)
-	js := srv.JetStream(t)
-	cfg := execConfig(t, reg, key, `echo "$STEWARD_TARGET_VERSION $STEWARD_IMAGE" >> `+ran)
-	_, r := startWorker(t, js, cfg)
-	if _, err := r.State().Put(context.Background(), InstalledDoc, Installed{Version: "1.0.0", Seed: true}, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Stop(); err != nil {
-		t.Fatal(err)
-	}
-	ack := workertest.PublishData(t, js, events.TypeReleasePublished, "1.1.0", events.ReleasePublished{Version: "1.1.0"})
-	forgeStage(t, js, ack.Sequence, map[string]any{"stage": stageVerified, "version": "1.1.0", "from": "1.0.0", "image": image("1.1.0"), "manifestDigest": digest, "marker": "an older worker's"})
-	_, r = startWorker(t, js, cfg)
+	r, js, ran := resumeForged(t, "1.0.0", func(_ Evidence, digest string) any {
+		return map[string]any{"stage": stageVerified, "version": "1.1.0", "from": "1.0.0", "image": image("1.1.0"), "manifestDigest": digest, "marker": "an older worker's"}
+	})
 	s := outcomeData[Succeeded](t, waitOutcomes(t, js, 1)[0], OutcomeSucceeded)
 	if s.From != "1.0.0" || s.To != "1.1.0" {
 		t.Fatalf("succeeded %+v", s)

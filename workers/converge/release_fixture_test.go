@@ -67,6 +67,22 @@ func writeRelease(t *testing.T, reg string, key keyPair, m Manifest) {
 	}
 }
 
+// verifiedRelease is the release of version as the registry reg holds it,
+// signed by key, and the digest of its manifest once verified: what an
+// attacker can copy from the registry into a forged stage.
+func verifiedRelease(t *testing.T, reg string, key keyPair, version string) (Evidence, string) {
+	t.Helper()
+	evidence, err := dirRegistry{root: reg}.fetch(context.Background(), version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, digest, err := verifyEvidence(newReleaseKeys(mustKey(t, key)), version, evidence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return evidence, digest
+}
+
 func cloudRunConfig(reg string, key keyPair, fake *cloudrunfake.Server) Config {
 	return Config{
 		Install:                testInstall,

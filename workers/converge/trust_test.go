@@ -50,14 +50,7 @@ func publishAt(t *testing.T, js jetstream.JetStream, id, version string) uint64 
 // right image and digest, and a claim that execution succeeded.
 func signedStage(t *testing.T, reg string, key keyPair, execution string) stage {
 	t.Helper()
-	good, err := dirRegistry{root: reg}.fetch(context.Background(), "1.1.0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, digest, err := verifyEvidence(newReleaseKeys(mustKey(t, key)), "1.1.0", good)
-	if err != nil {
-		t.Fatal(err)
-	}
+	good, digest := verifiedRelease(t, reg, key, "1.1.0")
 	return stage{Stage: stageDone, Version: "1.1.0", From: "1.0.0", Image: image("1.1.0"), ManifestDigest: digest,
 		Execution: execution, Result: &result{Succeeded: true}, Evidence: &good}
 }
@@ -122,18 +115,10 @@ func TestForgedDoneStageIsCheckedWithTheRunner(t *testing.T) {
 			srv := workertest.StartServer(t)
 			js := srv.JetStream(t)
 			cfg := cloudRunConfig(reg, key, fake)
-			// The first delivery seeded 1.0.0, as it does before any
-			// stage; then the worker stops and the stage is forged.
-			_, r := startWorker(t, js, cfg)
-			if _, err := r.State().Put(context.Background(), InstalledDoc, Installed{Version: "1.0.0", Seed: true}, 0); err != nil {
-				t.Fatal(err)
-			}
-			if err := r.Stop(); err != nil {
-				t.Fatal(err)
-			}
+			seedThenStop(t, js, cfg)
 			seq := publishAt(t, js, eventID, "1.1.0")
 			forgeStage(t, js, seq, signedStage(t, reg, key, c.execution))
-			_, r = startWorker(t, js, cfg)
+			_, r := startWorker(t, js, cfg)
 			got := waitOutcomes(t, js, 1)
 			noDeadLetters(t, js, r)
 			runs := fake.RunRequests()
@@ -338,16 +323,10 @@ func TestExecRecordChecksStagesAndFindsTheEvent(t *testing.T) {
 	js := srv.JetStream(t)
 	cfg := execConfig(t, reg, key, `echo "$STEWARD_TARGET_VERSION" >> `+ran)
 	cfg.ExecRecordDir = t.TempDir()
-	_, r := startWorker(t, js, cfg)
-	if _, err := r.State().Put(context.Background(), InstalledDoc, Installed{Version: "1.0.0", Seed: true}, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Stop(); err != nil {
-		t.Fatal(err)
-	}
+	seedThenStop(t, js, cfg)
 	seq := publishAt(t, js, "release-1.1.0", "1.1.0")
 	forgeStage(t, js, seq, signedStage(t, reg, key, "exec-1-forged"))
-	_, r = startWorker(t, js, cfg)
+	_, r := startWorker(t, js, cfg)
 	s := outcomeData[Succeeded](t, waitOutcomes(t, js, 1)[0], OutcomeSucceeded)
 	if s.Execution == "exec-1-forged" || ranLog(t, ran) != "1.1.0\n" {
 		t.Fatalf("succeeded %+v after the command ran %q, want one real run", s, ranLog(t, ran))
