@@ -65,9 +65,9 @@ func seedThenStop(t *testing.T, js jetstream.JetStream, cfg Config) {
 // resumeForged runs an exec worker, seeded at 1.0.0, against a registry
 // holding 1.1.0 (signed, converging from minFrom) and a release-published
 // 1.1.0 that waits with a forged stage: what forged makes of the release's
-// verified evidence and manifest digest. It returns the worker, its server's JetStream
-// and the file the exec runner's command writes a "version image" line to
-// a run.
+// verified evidence and manifest digest. It returns the worker, its
+// server's JetStream and the file the exec runner's command writes a
+// "version image" line to a run (ranLog reads it).
 func resumeForged(t *testing.T, minFrom string, forged func(Evidence, string) any) (*workertest.Running, jetstream.JetStream, string) {
 	t.Helper()
 	key := newKeyPair(t, signing.P256)
