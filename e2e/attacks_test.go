@@ -15,6 +15,7 @@ import (
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/natsauth"
 	"github.com/steward-dev/steward/workers/converge"
+	"github.com/steward-dev/steward/workers/workertest"
 )
 
 // The attacks of docs/design.md §7 against real processes: steward dev,
@@ -30,9 +31,9 @@ import (
 // operator's status must show each forgery with the key it came from.
 func TestABoxCannotHoldOffSkipPauseOrRollBackAnotherInstance(t *testing.T) {
 	dir := t.TempDir()
-	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", freePort(t))
+	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", workertest.FreePort(t))
 	dev := newProc(t, "steward-dev", bins.steward, []string{"dev", "--dir", dir,
-		"--nats-listen", strings.TrimPrefix(natsURL, "nats://"), "--http-listen", fmt.Sprintf("127.0.0.1:%d", freePort(t))}, nil)
+		"--nats-listen", strings.TrimPrefix(natsURL, "nats://"), "--http-listen", fmt.Sprintf("127.0.0.1:%d", workertest.FreePort(t))}, nil)
 	dev.start()
 	waitFor(t, "steward dev is running", 2*time.Minute, func() (bool, string) {
 		if gone, err := dev.exited(); gone {

@@ -31,6 +31,7 @@ import (
 	"github.com/steward-dev/steward/workers/converge"
 	"github.com/steward-dev/steward/workers/join"
 	"github.com/steward-dev/steward/workers/provision"
+	"github.com/steward-dev/steward/workers/workertest"
 )
 
 // loadProject loads compose files with the compose specification's own
@@ -106,7 +107,7 @@ func (r *composeRun) hostPort(service string, port int) int {
 	if p, ok := r.ports[service][port]; ok {
 		return p
 	}
-	p := freePort(r.t)
+	p := workertest.FreePort(r.t)
 	r.ports[service][port] = p
 	return p
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/workers/workertest"
 )
 
 // cluster is three nats-server processes on 127.0.0.1 with routes to each
@@ -24,7 +25,7 @@ func startCluster(t testing.TB, name string, size int) *cluster {
 	c := &cluster{}
 	var routes []string
 	for i := range size {
-		n := newNATSNode(t, fmt.Sprintf("n%d", i+1), freePort(t))
+		n := newNATSNode(t, fmt.Sprintf("n%d", i+1), workertest.FreePort(t))
 		c.nodes = append(c.nodes, n)
 		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", n.clusterPort))
 	}

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -25,6 +24,7 @@ import (
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/streamread"
 	"github.com/steward-dev/steward/publisher"
+	"github.com/steward-dev/steward/workers/workertest"
 )
 
 // bins are the binaries TestMain builds once, without -race whatever the
@@ -117,33 +117,6 @@ func waitFor(t testing.TB, what string, timeout time.Duration, cond func() (bool
 		case <-tick.C:
 		}
 	}
-}
-
-var (
-	portsMu sync.Mutex
-	ports   = map[int]bool{}
-)
-
-// freePort returns a port nothing listens on, never the same twice in one
-// run and never 4222, where the machine's own NATS server lives.
-func freePort(t testing.TB) int {
-	t.Helper()
-	portsMu.Lock()
-	defer portsMu.Unlock()
-	for range 100 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
-		if p != 4222 && !ports[p] {
-			ports[p] = true
-			return p
-		}
-	}
-	t.Fatal("no free port")
-	return 0
 }
 
 // proc is a child process the test starts, kills and restarts. Its output
@@ -366,7 +339,7 @@ func startNATS(t testing.TB, name string) *natsNode {
 
 func newNATSNode(t testing.TB, name string, clusterPort int) *natsNode {
 	t.Helper()
-	return &natsNode{name: name, port: freePort(t), httpPort: freePort(t), clusterPort: clusterPort, store: t.TempDir()}
+	return &natsNode{name: name, port: workertest.FreePort(t), httpPort: workertest.FreePort(t), clusterPort: clusterPort, store: t.TempDir()}
 }
 
 // configure writes the node's config file and prepares its process. The

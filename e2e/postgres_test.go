@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/steward-dev/steward/workers/workertest"
 )
 
 // postgres is a private PostgreSQL instance for one test, started from the
@@ -63,7 +65,7 @@ func startPostgres(t testing.TB) *postgres {
 	if err := os.Chown(root, uid, gid); err != nil {
 		t.Fatal(err)
 	}
-	pg := &postgres{port: freePort(t), root: root, data: filepath.Join(root, "data")}
+	pg := &postgres{port: workertest.FreePort(t), root: root, data: filepath.Join(root, "data")}
 	initdb := exec.Command(filepath.Join(pgBin(), "initdb"), "-D", pg.data, "-U", "postgres",
 		"-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
 	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}

@@ -17,6 +17,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/workers/workertest"
 )
 
 // The fault tests on the bus (1 to 3) drive e2e/faultworker with
@@ -90,7 +91,7 @@ type faultWorker struct {
 
 func startFaultWorker(t testing.TB, instance, natsURLs string, replicas int, extra ...string) *faultWorker {
 	t.Helper()
-	fw := &faultWorker{instance: instance, dir: t.TempDir(), http: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
+	fw := &faultWorker{instance: instance, dir: t.TempDir(), http: fmt.Sprintf("127.0.0.1:%d", workertest.FreePort(t))}
 	args := append([]string{
 		"--nats-url", natsURLs, "--instance", instance, "--dir", fw.dir, "--http-addr", fw.http,
 		"--replicas", fmt.Sprint(replicas), "--ack-wait", "1s",

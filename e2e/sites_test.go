@@ -26,6 +26,7 @@ import (
 	"github.com/steward-dev/steward/internal/signing"
 	"github.com/steward-dev/steward/internal/streamread"
 	"github.com/steward-dev/steward/workers"
+	"github.com/steward-dev/steward/workers/workertest"
 )
 
 // siteCut is how long site A's link to the hub is cut in the test: the
@@ -133,7 +134,7 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 	defer cancel()
 
 	// The hub: JetStream in domain hub, a leaf node port.
-	leafPort := freePort(t)
+	leafPort := workertest.FreePort(t)
 	hub := newNATSNode(t, "hub", 0)
 	hubConf := filepath.Join(t.TempDir(), "hub.conf")
 	if err := os.WriteFile(hubConf, []byte(fmt.Sprintf("server_name: hub\njetstream {\n  domain: hub\n  sync_interval: always\n}\nleafnodes {\n  listen: \"127.0.0.1:%d\"\n}\n", leafPort)+closed.hubConf()), 0o644); err != nil {
@@ -151,7 +152,7 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 	t.Cleanup(proxy.Cut)
 
 	startLeaf := func(name, hubURL string) *leafNode {
-		n := &leafNode{name: name, port: freePort(t), httpPort: freePort(t)}
+		n := &leafNode{name: name, port: workertest.FreePort(t), httpPort: workertest.FreePort(t)}
 		conf := filepath.Join(t.TempDir(), name+".conf")
 		args := append([]string{"site", "config", name, "--hub-url", hubURL, "--store-dir", t.TempDir(),
 			"--listen", fmt.Sprintf("127.0.0.1:%d", n.port), "--http-listen", fmt.Sprintf("127.0.0.1:%d", n.httpPort),

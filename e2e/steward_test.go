@@ -21,6 +21,7 @@ import (
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/internal/streamread"
+	"github.com/steward-dev/steward/workers/workertest"
 )
 
 // runSteward runs a one-shot steward command and returns what it printed.
@@ -54,7 +55,7 @@ type stewardService struct {
 // STEWARD_* environment, as compose does, and waits until it is ready.
 func startWorker(t testing.TB, kind string, env map[string]string) *stewardService {
 	t.Helper()
-	s := &stewardService{http: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
+	s := &stewardService{http: fmt.Sprintf("127.0.0.1:%d", workertest.FreePort(t))}
 	env = maps.Clone(env)
 	env["STEWARD_HTTP_ADDR"] = s.http
 	s.proc = newProc(t, "steward-worker-"+kind, bins.steward, []string{"worker", kind}, envList(env))

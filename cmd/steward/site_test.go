@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -179,16 +178,8 @@ func TestSiteSetupOnTheClosedBus(t *testing.T) {
 	ok(t, nil, "creds", "issue", "operator", "--account-seed", seed, "--out", opCreds)
 	ok(t, nil, "creds", "issue", "leaf", "site-a", "--account-seed", seed, "--out", leafCreds)
 
-	freePort := func() int {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		return ln.Addr().(*net.TCPAddr).Port
-	}
 	hubOpts := &server.Options{ServerName: "hub", Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, JetStreamDomain: "hub",
-		StoreDir: t.TempDir(), LeafNode: server.LeafNodeOpts{Host: "127.0.0.1", Port: freePort()},
+		StoreDir: t.TempDir(), LeafNode: server.LeafNodeOpts{Host: "127.0.0.1", Port: workertest.FreePort(t)},
 		FeatureFlags: map[string]bool{"js_api_reply_v2": true}}
 	if err := auth.Configure(hubOpts); err != nil {
 		t.Fatal(err)
@@ -196,7 +187,7 @@ func TestSiteSetupOnTheClosedBus(t *testing.T) {
 	hub := startEmbedded(t, hubOpts)
 	conf := filepath.Join(dir, "site-a.conf")
 	ok(t, nil, "site", "config", "site-a", "--hub-url", fmt.Sprintf("nats-leaf://127.0.0.1:%d", hubOpts.LeafNode.Port),
-		"--store-dir", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", freePort()), "--max-file-store", "1GB",
+		"--store-dir", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", workertest.FreePort(t)), "--max-file-store", "1GB",
 		"--server-dir", serverDir, "--account", auth.AccountPublic, "--leaf-creds", leafCreds, "--out", conf)
 	leafOpts, err := server.ProcessConfigFile(conf)
 	if err != nil {

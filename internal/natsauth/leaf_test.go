@@ -114,13 +114,9 @@ func startSiteFleet(t *testing.T) *siteFleet {
 		}
 		return s
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.leafAddr = ln.Addr().String()
-	ln.Close()
-	f.hub = start(&server.Options{ServerName: "hub", JetStreamDomain: "hub", LeafNode: server.LeafNodeOpts{Host: "127.0.0.1", Port: ln.Addr().(*net.TCPAddr).Port}})
+	leafPort := workertest.FreePort(t)
+	f.leafAddr = fmt.Sprintf("127.0.0.1:%d", leafPort)
+	f.hub = start(&server.Options{ServerName: "hub", JetStreamDomain: "hub", LeafNode: server.LeafNodeOpts{Host: "127.0.0.1", Port: leafPort}})
 	u, err := url.Parse("nats-leaf://" + f.leafAddr)
 	if err != nil {
 		t.Fatal(err)

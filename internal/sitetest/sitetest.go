@@ -7,7 +7,6 @@ package sitetest
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/url"
 	"testing"
 	"time"
@@ -38,7 +37,7 @@ type Pair struct {
 // until they are linked. Both are shut down when the test ends.
 func Start(t testing.TB, site string) *Pair {
 	t.Helper()
-	leafPort := freePort(t)
+	leafPort := workertest.FreePort(t)
 	p := &Pair{Site: site, t: t}
 	p.Hub = start(t, &server.Options{ServerName: "hub", JetStreamDomain: HubDomain, Port: server.RANDOM_PORT, StoreDir: t.TempDir(),
 		LeafNode: server.LeafNodeOpts{Host: "127.0.0.1", Port: leafPort}})
@@ -49,7 +48,7 @@ func Start(t testing.TB, site string) *Pair {
 	deny := events.SiteLinkDenied()
 	// The leaf keeps its client port and store across a Restart, as a
 	// site's leaf node does across a reboot.
-	p.leafOpts = server.Options{ServerName: "steward-site-" + site, JetStreamDomain: site, Port: freePort(t), StoreDir: t.TempDir(),
+	p.leafOpts = server.Options{ServerName: "steward-site-" + site, JetStreamDomain: site, Port: workertest.FreePort(t), StoreDir: t.TempDir(),
 		LeafNode: server.LeafNodeOpts{
 			ReconnectInterval: 100 * time.Millisecond,
 			Remotes:           []*server.RemoteLeafOpts{{URLs: []*url.URL{u}, DenyImports: deny, DenyExports: deny}},
@@ -90,16 +89,6 @@ func start(t testing.TB, o *server.Options) *server.Server {
 	}
 	t.Cleanup(s.Shutdown)
 	return s
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // Connect opens a connection to s, the hub or the site's leaf node, that

@@ -3,7 +3,6 @@ package workertest
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/url"
 	"strings"
 	"testing"
@@ -29,7 +28,7 @@ func StartCluster(t testing.TB, size int) *Cluster {
 	t.Helper()
 	ports := make([]int, size)
 	for i := range ports {
-		ports[i] = freePort(t)
+		ports[i] = FreePort(t)
 	}
 	var routes []*url.URL
 	for _, p := range ports {
@@ -106,14 +105,4 @@ func (c *Cluster) JetStream(t testing.TB, i, replicas int) jetstream.JetStream {
 		return last == nil
 	})
 	return js
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
