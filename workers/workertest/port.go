@@ -14,10 +14,11 @@ var taken struct {
 
 // FreePort returns a port on 127.0.0.1 that nothing listens on, for a
 // server a test starts on a port it must know first (a cluster's routes, a
-// leaf node's remote, a child process's flags). It never returns the same
-// port twice in one test binary, so two servers started in parallel cannot
-// be given one port between its release and their bind, and never 4222,
-// where the machine's own NATS server may live.
+// leaf node's remote, a child process's flags). The port is only free when
+// it is returned, so it never returns the same port twice in one test
+// binary: two tests started in parallel are never both given one, to
+// race for it when they bind. It never returns 4222, where the machine's
+// own NATS server may live.
 func FreePort(t testing.TB) int {
 	t.Helper()
 	taken.Lock()
