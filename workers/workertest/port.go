@@ -29,7 +29,7 @@ func FreePort(t testing.TB) int {
 	for range 100 {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("no port on 127.0.0.1 for the test's server: the kernel would not lend one (%v); check that the loopback interface is up and the ephemeral range not exhausted (ss -tan)", err)
 		}
 		p := l.Addr().(*net.TCPAddr).Port
 		l.Close()
@@ -38,6 +38,6 @@ func FreePort(t testing.TB) int {
 			return p
 		}
 	}
-	t.Fatal("no free port on 127.0.0.1 in 100 tries")
+	t.Fatalf("no free port on 127.0.0.1 in 100 tries: the kernel offered only 4222 or ports this test binary had already handed out (%d so far); run fewer tests in parallel", len(taken.ports))
 	return 0
 }
