@@ -11,7 +11,11 @@
 //     confirming each ack serially (DoubleAck), and the same serial
 //     consumer decoding and validating each event before its handler as the
 //     runtime does (the trust boundary, without the checkpoint), since no
-//     worker may hand an unvalidated event to its handler;
+//     worker may hand an unvalidated event to its handler, and that
+//     consumer writing each event's key's checkpoint with compare-and-set
+//     before confirming its ack (CheckpointingDoubleAck): the least a
+//     consumer of its own does to keep the runtime's guarantees, so what
+//     is left against the runtime is the runtime's own;
 //   - the raw Ack consumer on a stream laid out as STEWARD_EVENTS is, stored
 //     notices included (Layout Shaped): a reference that reads the same
 //     kind of stream as the runtime;
@@ -130,6 +134,7 @@ func allPaths(external string) []path {
 		rawPath(Ack, Plain, func(r *Round) *Measure { return &r.RawAck }, nil),
 		rawPath(DoubleAck, Plain, func(r *Round) *Measure { return &r.RawDouble }, nil),
 		rawPath(ValidatingDoubleAck, Plain, func(r *Round) *Measure { return &r.RawValidating }, nil),
+		rawPath(CheckpointingDoubleAck, Plain, func(r *Round) *Measure { return &r.RawCheckpointing }, nil),
 		{name: external, measure: (*Env).External, into: func(r *Round) *Measure { return &r.External },
 			wanted: func(o Options) bool { return o.External != nil }, external: true},
 		rawPath(Ack, Shaped, func(r *Round) *Measure { return &r.ShapedAck }, nil),

@@ -5,6 +5,7 @@ import (
 	"os"
 	"reflect"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -186,7 +187,7 @@ func TestRoundsReportMediansAndTheirOwnRatios(t *testing.T) {
 	}
 	var rates, ratios, validating []float64
 	for i, r := range res.Rounds {
-		if r.Runtime.Events != 200 || r.RawAck.Events != 200 || r.RawDouble.Events != 200 || r.RawValidating.Events != 200 || r.ShapedAck.Events != 200 {
+		if r.Runtime.Events != 200 || r.RawAck.Events != 200 || r.RawDouble.Events != 200 || r.RawValidating.Events != 200 || r.RawCheckpointing.Events != 200 || r.ShapedAck.Events != 200 {
 			t.Fatalf("round %d: %+v", i+1, r)
 		}
 		rates, ratios = append(rates, r.Runtime.PerSecond), append(ratios, r.SettledRatio())
@@ -337,7 +338,7 @@ func TestEnvRunsAgain(t *testing.T) {
 		if m.Events != n {
 			t.Fatalf("runtime measured %d events, want %d", m.Events, n)
 		}
-		for _, c := range []RawConsumer{Ack, DoubleAck, ValidatingDoubleAck} {
+		for _, c := range []RawConsumer{Ack, DoubleAck, ValidatingDoubleAck, CheckpointingDoubleAck} {
 			if m, err = env.Raw(context.Background(), Options{Events: n, Timeout: time.Minute}, c, Plain); err != nil || m.Events != n {
 				t.Fatalf("%s: %+v, %v", rawName(c, Plain), m, err)
 			}
@@ -381,8 +382,72 @@ func TestValidatingPathRefusesWhatDoesNotValidate(t *testing.T) {
 	}
 	_, err = env.Raw(context.Background(), o, ValidatingDoubleAck, Plain)
 	if err == nil || !strings.Contains(err.Error(), "9 of 10 events settled") ||
-		!strings.Contains(err.Error(), "did not validate: event "+env.idPrefix(env.runs)+"3") {
+		!strings.Contains(err.Error(), "did not settle: event "+env.idPrefix(env.runs)+"3 did not validate") {
 		t.Fatalf("validating DoubleAck with an invalid event: %v", err)
+	}
+}
+
+// TestCheckpointingPathWritesEachKeysLastSequence proves the checkpointing
+// raw consumer does what it stands for: after its turn, every key's
+// checkpoint holds the stream sequence of the key's last event, written
+// once per event (its revision counts them); and when another writer has
+// moved a checkpoint in between, the write loses its race, that event is
+// never acked, and the path's error names it and the checkpoint.
+func TestCheckpointingPathWritesEachKeysLastSequence(t *testing.T) {
+	env, err := Start(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	ctx := context.Background()
+	const n, keys = 40, 4
+	if m, err := env.Raw(ctx, Options{Events: n, Keys: keys, Timeout: time.Minute}, CheckpointingDoubleAck, Plain); err != nil || m.Events != n {
+		t.Fatalf("checkpointing DoubleAck: %+v, %v", m, err)
+	}
+	kv, err := env.pubJS.KeyValue(ctx, rawCheckpointBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := env.pubJS.Stream(ctx, Plain.stream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range keys {
+		hive := "h" + strconv.Itoa(k)
+		last, err := stream.GetLastMsgForSubject(ctx, Plain.prefix()+".credential.rotated."+hive)
+		if err != nil {
+			t.Fatal(err)
+		}
+		entry, err := kv.Get(ctx, "r"+strconv.Itoa(env.runs)+"."+hive)
+		if err != nil {
+			t.Fatalf("key %s: %v", hive, err)
+		}
+		if got, want := string(entry.Value()), strconv.FormatUint(last.Sequence, 10); got != want {
+			t.Errorf("key %s's checkpoint holds %s, want %s, its last event's sequence", hive, got, want)
+		}
+		if entry.Revision() == 0 {
+			t.Errorf("key %s's checkpoint has no revision", hive)
+		}
+	}
+	history, err := kv.History(ctx, "r"+strconv.Itoa(env.runs)+".h0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(history) != 1 {
+		t.Errorf("the bucket keeps %d versions of a checkpoint, want 1 as nats.go makes a bucket", len(history))
+	}
+
+	// Another writer has written h2's checkpoint before this consumer's
+	// first write of it, which creates the key: that write loses its race,
+	// and so does the key's second event's, neither acked.
+	next := "r" + strconv.Itoa(env.runs+1) + ".h2"
+	if _, err := kv.Put(ctx, next, []byte("0")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = env.Raw(ctx, Options{Events: 8, Keys: keys, Timeout: 3 * time.Second}, CheckpointingDoubleAck, Plain)
+	if err == nil || !strings.Contains(err.Error(), "6 of 8 events settled") ||
+		!strings.Contains(err.Error(), "did not settle: event "+env.idPrefix(env.runs)+"2: the checkpoint "+next+" was not written, so the event is not acked") {
+		t.Fatalf("checkpointing DoubleAck after another writer took a checkpoint: %v", err)
 	}
 }
 

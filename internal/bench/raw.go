@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"sync/atomic"
 
+	"github.com/cloudevents/sdk-go/v2/event"
+
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
@@ -24,12 +26,24 @@ const (
 	// does (events.Decode, events.Validate) before its handler, then
 	// confirms its ack as DoubleAck does.
 	ValidatingDoubleAck
+	// CheckpointingDoubleAck is ValidatingDoubleAck that, once its handler
+	// has run, writes the event's stream sequence as its key's checkpoint,
+	// compare-and-set on the revision it last wrote, into a key-value
+	// bucket made as a nats.go user makes one, and only then confirms the
+	// ack: the least a consumer of its own does to keep the runtime's
+	// "nothing applied is lost" (the checkpoint before the ack, DESIGN.md
+	// §4), without the signature Steward puts on its checkpoints.
+	CheckpointingDoubleAck
 )
+
+// rawCheckpointBucket holds CheckpointingDoubleAck's checkpoints: a name,
+// file storage, nats.go's defaults for the rest.
+const rawCheckpointBucket = "BENCH_CHECKPOINTS"
 
 // String names the consumer as the report, its progress lines and errors
 // do.
 func (c RawConsumer) String() string {
-	return [...]string{"raw Ack", "raw serial DoubleAck", "raw validating DoubleAck"}[c]
+	return [...]string{"raw Ack", "raw serial DoubleAck", "raw validating DoubleAck", "raw checkpointing DoubleAck"}[c]
 }
 
 // rawName names the raw path of consumer c on layout l.
@@ -39,9 +53,21 @@ func rawName(c RawConsumer, l Layout) string { return c.String() + ", " + l.Stri
 // consumes them with a durable pull consumer as nats.go makes one, treating
 // each event as c says.
 func (e *Env) Raw(ctx context.Context, o Options, c RawConsumer, l Layout) (Measure, error) {
-	// invalid holds the first event the validating consumer refused.
-	var invalid atomic.Pointer[error]
+	// unsettled holds the first event the consumer could not settle: one
+	// that did not validate, or whose checkpoint was not written.
+	var unsettled atomic.Pointer[error]
+	refuse := func(err error) { unsettled.CompareAndSwap(nil, &err) }
 	m, err := e.consume(ctx, o, rawName(c, l), l.stream(), l.reshape, func(ctx context.Context, t *tracker) (func(), error) {
+		var checkpoint func(context.Context, jetstream.Msg, string) error
+		if c == CheckpointingDoubleAck {
+			kv, err := e.subJS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+				Bucket: rawCheckpointBucket, Storage: jetstream.FileStorage,
+			})
+			if err != nil {
+				return nil, err
+			}
+			checkpoint = checkpointer(kv, "r"+strconv.Itoa(e.runs)+".")
+		}
 		cons, err := e.subJS.CreateOrUpdateConsumer(ctx, l.stream(), jetstream.ConsumerConfig{
 			Durable:   "raw-" + strconv.Itoa(e.runs),
 			AckPolicy: jetstream.AckExplicitPolicy,
@@ -51,8 +77,10 @@ func (e *Env) Raw(ctx context.Context, o Options, c RawConsumer, l Layout) (Meas
 		}
 		cc, err := cons.Consume(func(m jetstream.Msg) {
 			id := m.Headers().Get(idHeader)
-			if c == ValidatingDoubleAck {
-				ev, err := events.Decode(m.Headers(), m.Data())
+			var ev event.Event
+			if c == ValidatingDoubleAck || c == CheckpointingDoubleAck {
+				var err error
+				ev, err = events.Decode(m.Headers(), m.Data())
 				if err == nil {
 					err = events.Validate(ev)
 				}
@@ -60,12 +88,17 @@ func (e *Env) Raw(ctx context.Context, o Options, c RawConsumer, l Layout) (Meas
 					// Every event was validated when it was made, so this
 					// is the bench's own fault: the event never settles,
 					// and the path's timeout says why.
-					err = fmt.Errorf("event %s: %w", id, err)
-					invalid.CompareAndSwap(nil, &err)
+					refuse(fmt.Errorf("event %s did not validate: %w", id, err))
 					return
 				}
 			}
 			t.handle(id)
+			if checkpoint != nil {
+				if err := checkpoint(ctx, m, ev.Subject()); err != nil {
+					refuse(fmt.Errorf("event %s: %w", id, err))
+					return
+				}
+			}
 			if c == Ack {
 				if m.Ack() != nil {
 					return
@@ -84,8 +117,35 @@ func (e *Env) Raw(ctx context.Context, o Options, c RawConsumer, l Layout) (Meas
 			e.deleteConsumer(l.stream(), cons.CachedInfo().Name)
 		}, nil
 	})
-	if why := invalid.Load(); err != nil && why != nil {
-		return Measure{}, fmt.Errorf("%w; the first event that did not validate: %w", err, *why)
+	if why := unsettled.Load(); err != nil && why != nil {
+		return Measure{}, fmt.Errorf("%w; the first event that did not settle: %w", err, *why)
 	}
 	return m, err
+}
+
+// checkpointer writes a message's stream sequence as the checkpoint of
+// key, under prefix in kv, compare-and-set on the revision it wrote last
+// (created at first): a lost race is an error, as the runtime's is. It
+// keeps its revisions unlocked, so it must be called from one goroutine
+// at a time, as a Consume callback is.
+func checkpointer(kv jetstream.KeyValue, prefix string) func(context.Context, jetstream.Msg, string) error {
+	revisions := map[string]uint64{}
+	return func(ctx context.Context, m jetstream.Msg, key string) error {
+		meta, err := m.Metadata()
+		if err != nil {
+			return err
+		}
+		name, value := prefix+key, strconv.AppendUint(nil, meta.Sequence.Stream, 10)
+		var rev uint64
+		if last, ok := revisions[name]; ok {
+			rev, err = kv.Update(ctx, name, value, last)
+		} else {
+			rev, err = kv.Create(ctx, name, value)
+		}
+		if err != nil {
+			return fmt.Errorf("the checkpoint %s was not written, so the event is not acked: %w", name, err)
+		}
+		revisions[name] = rev
+		return nil
+	}
 }

@@ -80,10 +80,12 @@ type Round struct {
 	Runtime Measure
 	// RuntimeOutcome is the runtime whose handler emits an outcome.
 	RuntimeOutcome Measure
-	// RawAck, RawDouble and RawValidating read the plain stream.
-	RawAck        Measure
-	RawDouble     Measure
-	RawValidating Measure
+	// RawAck, RawDouble, RawValidating and RawCheckpointing read the
+	// plain stream.
+	RawAck           Measure
+	RawDouble        Measure
+	RawValidating    Measure
+	RawCheckpointing Measure
 	// ShapedAck is the raw Ack consumer on the STEWARD_EVENTS-shaped
 	// stream.
 	ShapedAck Measure
@@ -127,6 +129,19 @@ func (r Round) HandlerRatio() float64 {
 // its handler, the decoding and validation every worker does set aside.
 func (r Round) ValidatingHandlerRatio() float64 {
 	return ratio(float64(r.Runtime.Handler.P99), float64(r.RawValidating.Handler.P99))
+}
+
+// CheckpointingHandlerRatio is the runtime's p99 publish-to-handler over
+// the checkpointing serial DoubleAck path's: the runtime against the least
+// a consumer of its own does to keep the same guarantees.
+func (r Round) CheckpointingHandlerRatio() float64 {
+	return ratio(float64(r.Runtime.Handler.P99), float64(r.RawCheckpointing.Handler.P99))
+}
+
+// CheckpointingSettledRatio is the runtime's p99 publish-to-settled over
+// the checkpointing serial DoubleAck path's.
+func (r Round) CheckpointingSettledRatio() float64 {
+	return ratio(float64(r.Runtime.Settled.P99), float64(r.RawCheckpointing.Settled.P99))
 }
 
 // ExternalHandlerRatio is the runtime's p99 publish-to-handler over the
@@ -204,6 +219,14 @@ func (r Result) HandlerRatio() float64 { return r.median(Round.HandlerRatio) }
 // ValidatingHandlerRatio is the median over the rounds of the runtime's p99
 // publish-to-handler over the validating serial DoubleAck path's.
 func (r Result) ValidatingHandlerRatio() float64 { return r.median(Round.ValidatingHandlerRatio) }
+
+// CheckpointingHandlerRatio is the median over the rounds of
+// Round.CheckpointingHandlerRatio.
+func (r Result) CheckpointingHandlerRatio() float64 { return r.median(Round.CheckpointingHandlerRatio) }
+
+// CheckpointingSettledRatio is the median over the rounds of
+// Round.CheckpointingSettledRatio.
+func (r Result) CheckpointingSettledRatio() float64 { return r.median(Round.CheckpointingSettledRatio) }
 
 // ExternalHandlerRatio is the median over the rounds of the runtime's p99
 // publish-to-handler over the external path's.
@@ -294,6 +317,10 @@ func (r Result) String() string {
 	out += fmt.Sprintf("runtime / raw Ack throughput: %.2f (plain stream), %.2f (%s)\n", r.Ratio(), r.ShapedRatio(), Shaped) +
 		fmt.Sprintf("runtime / raw DoubleAck p99 settled: %.2f, p99 handler: %.2f\n", r.SettledRatio(), r.HandlerRatio()) +
 		fmt.Sprintf("runtime / validating raw DoubleAck p99 handler: %.2f\n", r.ValidatingHandlerRatio())
+	if r.Round.RawCheckpointing.Events > 0 {
+		out += fmt.Sprintf("runtime / checkpointing raw DoubleAck p99 settled: %.2f, p99 handler: %.2f\n",
+			r.CheckpointingSettledRatio(), r.CheckpointingHandlerRatio())
+	}
 	if r.ExternalName != "" {
 		out += fmt.Sprintf("runtime / %s p99 handler: %.2f\n", r.ExternalName, r.ExternalHandlerRatio())
 	}
@@ -317,6 +344,10 @@ func (r Result) String() string {
 		}
 		out += fmt.Sprintf("by round: throughput %s (shaped %s); p99 settled %s; p99 handler %s; p99 handler, validating %s",
 			each(Round.Ratio), each(Round.ShapedRatio), each(Round.SettledRatio), each(Round.HandlerRatio), each(Round.ValidatingHandlerRatio))
+		if r.Round.RawCheckpointing.Events > 0 {
+			out += fmt.Sprintf("; against checkpointing p99 settled %s, p99 handler %s",
+				each(Round.CheckpointingSettledRatio), each(Round.CheckpointingHandlerRatio))
+		}
 		if r.ExternalName != "" {
 			out += fmt.Sprintf("; p99 handler, %s %s", r.ExternalName, each(Round.ExternalHandlerRatio))
 		}
