@@ -389,10 +389,11 @@ func TestValidatingPathRefusesWhatDoesNotValidate(t *testing.T) {
 
 // TestCheckpointingPathWritesEachKeysLastSequence proves the checkpointing
 // raw consumer does what it stands for: after its turn, every key's
-// checkpoint holds the stream sequence of the key's last event, written
-// once per event (its revision counts them); and when another writer has
-// moved a checkpoint in between, the write loses its race, that event is
-// never acked, and the path's error names it and the checkpoint.
+// checkpoint holds the stream sequence of the key's last event, in a
+// bucket that keeps one version of it; and when another writer has taken
+// a key's checkpoint first, this consumer's writes lose their race, the
+// key's events do not settle, and the path's error names the first of
+// them and the checkpoint.
 func TestCheckpointingPathWritesEachKeysLastSequence(t *testing.T) {
 	env, err := Start(context.Background())
 	if err != nil {

@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 
 	"github.com/cloudevents/sdk-go/v2/event"
-
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/steward-dev/steward/events"
@@ -133,7 +132,7 @@ func checkpointer(kv jetstream.KeyValue, prefix string) func(context.Context, je
 	return func(ctx context.Context, m jetstream.Msg, key string) error {
 		meta, err := m.Metadata()
 		if err != nil {
-			return err
+			return fmt.Errorf("its stream sequence is not in its metadata, so no checkpoint was written: %w", err)
 		}
 		name, value := prefix+key, strconv.AppendUint(nil, meta.Sequence.Stream, 10)
 		var rev uint64
