@@ -440,15 +440,32 @@ func TestCheckpointingPathWritesEachKeysLastSequence(t *testing.T) {
 
 	// Another writer has written h2's checkpoint before this consumer's
 	// first write of it, which creates the key: that write loses its race,
-	// and so does the key's second event's, neither acked.
-	next := "r" + strconv.Itoa(env.runs+1) + ".h2"
+	// and so does the key's second event's. Neither may be acked: while
+	// the path waits for them, its consumer, with every event delivered,
+	// still holds both unacked (a consumer that acked before writing would
+	// hold at most the one it is working on).
+	turn := env.runs + 1
+	next := "r" + strconv.Itoa(turn) + ".h2"
 	if _, err := kv.Put(ctx, next, []byte("0")); err != nil {
 		t.Fatal(err)
 	}
-	_, err = env.Raw(ctx, Options{Events: 8, Keys: keys, Timeout: 3 * time.Second}, CheckpointingDoubleAck, Plain)
+	var held bool
+	progress := func(string, int, int) {
+		c, err := stream.Consumer(ctx, "raw-"+strconv.Itoa(turn))
+		if err != nil {
+			return
+		}
+		if info, err := c.Info(ctx); err == nil && info.Delivered.Consumer >= 8 && info.NumAckPending >= 2 {
+			held = true
+		}
+	}
+	_, err = env.Raw(ctx, Options{Events: 8, Keys: keys, Timeout: 3 * time.Second, Progress: progress}, CheckpointingDoubleAck, Plain)
 	if err == nil || !strings.Contains(err.Error(), "6 of 8 events settled") ||
 		!strings.Contains(err.Error(), "did not settle: event "+env.idPrefix(env.runs)+"2: the checkpoint "+next+" was not written, so the event is not acked") {
 		t.Fatalf("checkpointing DoubleAck after another writer took a checkpoint: %v", err)
+	}
+	if !held {
+		t.Fatal("with all 8 events delivered, the consumer never held the 2 whose checkpoints were not written unacked: they were acked without their checkpoint")
 	}
 }
 

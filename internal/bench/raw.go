@@ -45,6 +45,10 @@ func (c RawConsumer) String() string {
 	return [...]string{"raw Ack", "raw serial DoubleAck", "raw validating DoubleAck", "raw checkpointing DoubleAck"}[c]
 }
 
+// validates says whether the consumer decodes and validates each event
+// before its handler, as every worker must.
+func (c RawConsumer) validates() bool { return c >= ValidatingDoubleAck }
+
 // rawName names the raw path of consumer c on layout l.
 func rawName(c RawConsumer, l Layout) string { return c.String() + ", " + l.String() }
 
@@ -77,7 +81,7 @@ func (e *Env) Raw(ctx context.Context, o Options, c RawConsumer, l Layout) (Meas
 		cc, err := cons.Consume(func(m jetstream.Msg) {
 			id := m.Headers().Get(idHeader)
 			var ev event.Event
-			if c == ValidatingDoubleAck || c == CheckpointingDoubleAck {
+			if c.validates() {
 				var err error
 				ev, err = events.Decode(m.Headers(), m.Data())
 				if err == nil {
