@@ -1,0 +1,252 @@
+package bench
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/proof"
+)
+
+// writeKey is the key of the i-th write: writes go round 64 keys, as the
+// bench's events do.
+func writeKey(i int) string { return "k" + strconv.Itoa(i%64) }
+
+// writeKind is one way of making a confirmed write to the server: set
+// makes what it writes to, fresh (name is unique to the call), and returns
+// the write of the i-th value.
+type writeKind struct {
+	name string
+	set  func(ctx context.Context, e *Env, name string) (func(ctx context.Context, i int) error, error)
+}
+
+// casWrites is a compare-and-set writer over kv: Create for a key's first
+// write, then Update on the revision it wrote last, as the checkpointing
+// path writes.
+func casWrites(kv jetstream.KeyValue, value []byte) func(context.Context, int) error {
+	revisions := map[string]uint64{}
+	return func(ctx context.Context, i int) (err error) {
+		key := writeKey(i)
+		var rev uint64
+		if last, ok := revisions[key]; ok {
+			rev, err = kv.Update(ctx, key, value, last)
+		} else {
+			rev, err = kv.Create(ctx, key, value)
+		}
+		revisions[key] = rev
+		return err
+	}
+}
+
+// bucketWrites is casWrites into a bucket made as a nats.go user makes one
+// (a name, file storage) keeping history values of each key.
+func bucketWrites(history uint8, value []byte) func(context.Context, *Env, string) (func(context.Context, int) error, error) {
+	return func(ctx context.Context, e *Env, name string) (func(context.Context, int) error, error) {
+		kv, err := e.subJS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name, Storage: jetstream.FileStorage, History: history})
+		if err != nil {
+			return nil, err
+		}
+		return casWrites(kv, value), nil
+	}
+}
+
+// signedSize is about the size of a signed checkpoint as the runtime writes
+// it, so a plain value of that size tells the signature's CPU from its
+// bytes' (TestWriteKindsWriteWhatTheySay keeps it within a quarter).
+const signedSize = 256
+
+// writeKinds are the kinds BenchmarkWrites compares.
+func writeKinds(signer *proof.Signer) []writeKind {
+	small, large := []byte("12345678"), make([]byte, signedSize)
+	for i := range large {
+		large[i] = 'a' + byte(i%26)
+	}
+	return []writeKind{
+		{"publish to a stream", func(ctx context.Context, e *Env, name string) (func(context.Context, int) error, error) {
+			if _, err := e.subJS.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}, Storage: jetstream.FileStorage}); err != nil {
+				return nil, err
+			}
+			return func(ctx context.Context, i int) error {
+				_, err := e.subJS.Publish(ctx, name+"."+writeKey(i), small)
+				return err
+			}, nil
+		}},
+		{"bucket, history 1", bucketWrites(1, small)},
+		{"bucket, history 64", bucketWrites(64, small)},
+		{"bucket, history 1, signed size", bucketWrites(1, large)},
+		{"signed checkpoint", func(ctx context.Context, e *Env, name string) (func(context.Context, int) error, error) {
+			kv, err := e.subJS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name, Storage: jetstream.FileStorage})
+			if err != nil {
+				return nil, err
+			}
+			docs := events.NewStore(kv, events.StoreOptions{Signer: signer})
+			revisions := map[string]uint64{}
+			return func(ctx context.Context, i int) error {
+				key := events.LaneCheckpointKey("bench", "writes", writeKey(i))
+				cp := events.Checkpoint{Applied: uint64(i + 1), EventID: fmt.Sprintf("bench-writes-%d", i)}
+				rev, err := docs.Put(ctx, key, cp, revisions[key])
+				revisions[key] = rev
+				return err
+			}, nil
+		}},
+	}
+}
+
+// BenchmarkWrites measures what one confirmed write costs the server and
+// this process, by kind, with the server in a process of its own: a
+// publish to a plain stream; a compare-and-set update of a key in a bucket
+// made as a nats.go user makes one, keeping one value of each key and
+// keeping 64, with a value of 8 bytes and one of a signed checkpoint's
+// size; and the runtime's own write, a checkpoint signed and written
+// through events.Store. Each kind writes b.N times round 64 keys, one
+// write at a time, in 5 rounds whose first kind changes from round to
+// round, and it reports each kind's median CPU per write, the server's and
+// this process's. It says whether any shape of bucket makes the
+// checkpoint's write cheaper than the publish it is, and what the
+// signature adds. Run it with a fixed count:
+// go test -run '^$' -bench Writes -benchtime 20000x ./internal/bench
+func BenchmarkWrites(b *testing.B) {
+	ctx := context.Background()
+	env, err := StartProcess(ctx, []string{os.Args[0], "fleet-server"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer env.Close()
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		b.Fatal(err)
+	}
+	kinds := writeKinds(proof.NewSigner(priv, "bench-writes", ""))
+	const rounds = 5
+	// Nanoseconds per write, by kind, one figure a round.
+	server := make([][]int64, len(kinds))
+	client := make([][]int64, len(kinds))
+	for r := range rounds {
+		for j := range kinds {
+			k := (r + j) % len(kinds)
+			name := fmt.Sprintf("BENCH_WRITES_%d_%d", r, k)
+			write, err := kinds[k].set(ctx, env, name)
+			if err != nil {
+				b.Fatalf("%s: %v", kinds[k].name, err)
+			}
+			// Each key's first write creates it: warm every key up, and
+			// the stream's first block, before measuring.
+			for i := range 1000 {
+				if err := write(ctx, i); err != nil {
+					b.Fatalf("%s, warming up: %v", kinds[k].name, err)
+				}
+			}
+			runtime.GC()
+			start := env.cpu()
+			for i := range b.N {
+				if err := write(ctx, 1000+i); err != nil {
+					b.Fatalf("%s, write %d: %v", kinds[k].name, i, err)
+				}
+			}
+			used := env.cpu().since(start)
+			server[k] = append(server[k], int64(used.server)/int64(b.N))
+			client[k] = append(client[k], int64(used.all-used.server)/int64(b.N))
+			// A bucket's stream is its name with KV_ before it.
+			err = env.subJS.DeleteStream(ctx, name)
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				err = env.subJS.DeleteKeyValue(ctx, name)
+			}
+			if err != nil {
+				b.Fatalf("%s: delete %s: %v", kinds[k].name, name, err)
+			}
+		}
+	}
+	for k, kind := range kinds {
+		name := strings.NewReplacer(", ", "-", " ", "-").Replace(kind.name)
+		b.ReportMetric(float64(medianOf(server[k]))/1000, name+"-server-µs/write")
+		b.ReportMetric(float64(medianOf(client[k]))/1000, name+"-client-µs/write")
+	}
+}
+
+// TestWriteKindsWriteWhatTheySay proves BenchmarkWrites measures the
+// writes it names: each kind's writes are all stored, a bucket keeps the
+// history it says, and the signed checkpoint verifies as the writer's with
+// each key at its last write.
+func TestWriteKindsWriteWhatTheySay(t *testing.T) {
+	ctx := context.Background()
+	env, err := Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const writes = 130 // two writes of every key, three of two of them
+	stored := map[string]uint64{
+		"publish to a stream":            writes,
+		"bucket, history 1":              64,
+		"bucket, history 64":             writes,
+		"bucket, history 1, signed size": 64,
+		"signed checkpoint":              64,
+	}
+	for k, kind := range writeKinds(proof.NewSigner(priv, "bench-writes", "")) {
+		name := fmt.Sprintf("BENCH_WRITES_TEST_%d", k)
+		write, err := kind.set(ctx, env, name)
+		if err != nil {
+			t.Fatalf("%s: %v", kind.name, err)
+		}
+		for i := range writes {
+			if err := write(ctx, i); err != nil {
+				t.Fatalf("%s, write %d: %v", kind.name, i, err)
+			}
+		}
+		stream, err := env.subJS.Stream(ctx, name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			stream, err = env.subJS.Stream(ctx, "KV_"+name)
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", kind.name, err)
+		}
+		info, err := stream.Info(ctx)
+		if err != nil {
+			t.Fatalf("%s: %v", kind.name, err)
+		}
+		if want, ok := stored[kind.name]; !ok || info.State.Msgs != want {
+			t.Errorf("%s: %d values stored, want %d", kind.name, info.State.Msgs, want)
+		}
+		if kind.name != "signed checkpoint" {
+			continue
+		}
+		kv, err := env.subJS.KeyValue(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		verifier := proof.NewVerifier()
+		verifier.Pin("bench-writes", pub)
+		docs := events.NewStore(kv, events.StoreOptions{Verifier: verifier})
+		entry, err := kv.Get(ctx, events.LaneCheckpointKey("bench", "writes", writeKey(0)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(entry.Value()); n < signedSize*3/4 || n > signedSize*5/4 {
+			t.Errorf("a signed checkpoint is %d bytes, and the plain value standing for it %d", n, signedSize)
+		}
+		for i := writes - 64; i < writes; i++ {
+			doc, err := docs.Get(ctx, events.LaneCheckpointKey("bench", "writes", writeKey(i)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var cp events.Checkpoint
+			if err := doc.Decode(&cp); err != nil || !doc.Trusted || cp.Applied != uint64(i+1) {
+				t.Errorf("the checkpoint of %s is %+v (trusted %v, %v), want its write %d, verified", writeKey(i), cp, doc.Trusted, err, i+1)
+			}
+		}
+	}
+}
