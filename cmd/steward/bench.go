@@ -33,9 +33,10 @@ and validating each event before its handler as every worker does, and that
 consumer writing each event's key's checkpoint (compare-and-set, in a bucket
 of its own) before it confirms the ack, the least a consumer of its own does
 to keep the runtime's guarantees; and the fire-and-forget consumer on a
-stream laid out as STEWARD_EVENTS is, stored notices included. --stream-costs adds that consumer on the STEWARD_EVENTS
-layout with one of its costs switched off at a time (the stored notices, the
-Nats-Msg-Id the duplicate window tracks, the CloudEvents headers).
+stream laid out as STEWARD_EVENTS is, stored notices included.
+--stream-costs adds that consumer on the STEWARD_EVENTS layout with one of
+its costs switched off at a time (the stored notices, the Nats-Msg-Id the
+duplicate window tracks, the CloudEvents headers).
 --watermill adds Watermill's JetStream subscriber (watermill-nats v2, AckSync)
 on the plain stream, run by its own program: the folder of its module
 (internal/bench/watermill in a checkout, built first with go build) or the

@@ -127,18 +127,31 @@ func (e *Env) Raw(ctx context.Context, o Options, c RawConsumer, l Layout) (Meas
 }
 
 // checkpointer writes a message's stream sequence as the checkpoint of
-// key, under prefix in kv, compare-and-set on the revision it wrote last
-// (created at first): a lost race is an error, as the runtime's is. It
-// keeps its revisions unlocked, so it must be called from one goroutine
-// at a time, as a Consume callback is.
+// key, under prefix in kv, compare-and-set (casWriter): a lost race is an
+// error, as the runtime's is. It must be called from one goroutine at a
+// time, as a Consume callback is.
 func checkpointer(kv jetstream.KeyValue, prefix string) func(context.Context, jetstream.Msg, string) error {
-	revisions := map[string]uint64{}
+	write := casWriter(kv)
 	return func(ctx context.Context, m jetstream.Msg, key string) error {
 		meta, err := m.Metadata()
 		if err != nil {
 			return fmt.Errorf("its stream sequence is not in its metadata, so no checkpoint was written: %w", err)
 		}
-		name, value := prefix+key, strconv.AppendUint(nil, meta.Sequence.Stream, 10)
+		name := prefix + key
+		if err := write(ctx, name, strconv.AppendUint(nil, meta.Sequence.Stream, 10)); err != nil {
+			return fmt.Errorf("the checkpoint %s was not written, so the event is not acked: %w", name, err)
+		}
+		return nil
+	}
+}
+
+// casWriter writes a value under a name in kv compare-and-set on the
+// revision it wrote there last, creating the name on its first write: what
+// a nats.go user writes to keep one writer per key. It keeps its revisions
+// unlocked, so it must be called from one goroutine at a time.
+func casWriter(kv jetstream.KeyValue) func(ctx context.Context, name string, value []byte) error {
+	revisions := map[string]uint64{}
+	return func(ctx context.Context, name string, value []byte) (err error) {
 		var rev uint64
 		if last, ok := revisions[name]; ok {
 			rev, err = kv.Update(ctx, name, value, last)
@@ -146,7 +159,7 @@ func checkpointer(kv jetstream.KeyValue, prefix string) func(context.Context, je
 			rev, err = kv.Create(ctx, name, value)
 		}
 		if err != nil {
-			return fmt.Errorf("the checkpoint %s was not written, so the event is not acked: %w", name, err)
+			return err
 		}
 		revisions[name] = rev
 		return nil

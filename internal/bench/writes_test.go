@@ -24,39 +24,29 @@ func writeKey(i int) string { return "k" + strconv.Itoa(i%64) }
 
 // writeKind is one way of making a confirmed write to the server: set
 // makes what it writes to, fresh (name is unique to the call), and returns
-// the write of the i-th value.
+// the write of the i-th value; key is the key (or the subject's last
+// tokens) the i-th value is stored under.
 type writeKind struct {
 	name string
 	set  func(ctx context.Context, e *Env, name string) (func(ctx context.Context, i int) error, error)
+	key  func(i int) string
 }
 
-// casWrites is a compare-and-set writer over kv: Create for a key's first
-// write, then Update on the revision it wrote last, as the checkpointing
-// path writes.
-func casWrites(kv jetstream.KeyValue, value []byte) func(context.Context, int) error {
-	revisions := map[string]uint64{}
-	return func(ctx context.Context, i int) (err error) {
-		key := writeKey(i)
-		var rev uint64
-		if last, ok := revisions[key]; ok {
-			rev, err = kv.Update(ctx, key, value, last)
-		} else {
-			rev, err = kv.Create(ctx, key, value)
-		}
-		revisions[key] = rev
-		return err
-	}
-}
+// signedKey is where the signed checkpoint kind stores its i-th write: a
+// lane's checkpoint, as the runtime keys one.
+func signedKey(i int) string { return events.LaneCheckpointKey("bench", "writes", writeKey(i)) }
 
-// bucketWrites is casWrites into a bucket made as a nats.go user makes one
-// (a name, file storage) keeping history values of each key.
+// bucketWrites writes compare-and-set (casWriter, as the checkpointing
+// path does) into a bucket made as a nats.go user makes one (a name, file
+// storage) keeping history values of each key.
 func bucketWrites(history uint8, value []byte) func(context.Context, *Env, string) (func(context.Context, int) error, error) {
 	return func(ctx context.Context, e *Env, name string) (func(context.Context, int) error, error) {
 		kv, err := e.subJS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name, Storage: jetstream.FileStorage, History: history})
 		if err != nil {
 			return nil, err
 		}
-		return casWrites(kv, value), nil
+		write := casWriter(kv)
+		return func(ctx context.Context, i int) error { return write(ctx, writeKey(i), value) }, nil
 	}
 }
 
@@ -80,10 +70,10 @@ func writeKinds(signer *proof.Signer) []writeKind {
 				_, err := e.subJS.Publish(ctx, name+"."+writeKey(i), small)
 				return err
 			}, nil
-		}},
-		{"bucket, history 1", bucketWrites(1, small)},
-		{"bucket, history 64", bucketWrites(64, small)},
-		{"bucket, history 1, signed size", bucketWrites(1, large)},
+		}, writeKey},
+		{"bucket, history 1", bucketWrites(1, small), writeKey},
+		{"bucket, history 64", bucketWrites(64, small), writeKey},
+		{"bucket, history 1, signed size", bucketWrites(1, large), writeKey},
 		{"signed checkpoint", func(ctx context.Context, e *Env, name string) (func(context.Context, int) error, error) {
 			kv, err := e.subJS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name, Storage: jetstream.FileStorage})
 			if err != nil {
@@ -92,13 +82,13 @@ func writeKinds(signer *proof.Signer) []writeKind {
 			docs := events.NewStore(kv, events.StoreOptions{Signer: signer})
 			revisions := map[string]uint64{}
 			return func(ctx context.Context, i int) error {
-				key := events.LaneCheckpointKey("bench", "writes", writeKey(i))
+				key := signedKey(i)
 				cp := events.Checkpoint{Applied: uint64(i + 1), EventID: fmt.Sprintf("bench-writes-%d", i)}
 				rev, err := docs.Put(ctx, key, cp, revisions[key])
 				revisions[key] = rev
 				return err
 			}, nil
-		}},
+		}, signedKey},
 	}
 }
 
@@ -214,10 +204,7 @@ func TestWriteKindsWriteWhatTheySay(t *testing.T) {
 				t.Fatalf("%s, write %d: %v", kind.name, i, err)
 			}
 		}
-		subject := name + "." + writeKey(0)
-		if kind.name == "signed checkpoint" {
-			subject = name + "." + events.LaneCheckpointKey("bench", "writes", writeKey(0))
-		}
+		subject := name + "." + kind.key(0)
 		stream, err := env.subJS.Stream(ctx, name)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			// A bucket's stream and subjects are its name after KV_ and $KV.
@@ -253,7 +240,7 @@ func TestWriteKindsWriteWhatTheySay(t *testing.T) {
 		verifier.Pin("bench-writes", pub)
 		docs := events.NewStore(kv, events.StoreOptions{Verifier: verifier})
 		for i := writes - 64; i < writes; i++ {
-			doc, err := docs.Get(ctx, events.LaneCheckpointKey("bench", "writes", writeKey(i)))
+			doc, err := docs.Get(ctx, kind.key(i))
 			if err != nil {
 				t.Fatal(err)
 			}
