@@ -234,6 +234,28 @@ func (e *Env) idPrefix(run int) string { return "bench-" + e.nonce + "-" + strco
 // the publisher, as the server does.
 var stallWait = jetstream.WithStallWait(30 * time.Second)
 
+// waitTurn waits until the i-th of a series paced at rate a second from
+// start is due, at once when rate is 0 (one burst). The pace is kept
+// against the start, so a slow step is caught up rather than stretching
+// the whole series.
+func waitTurn(ctx context.Context, start time.Time, i, rate int) error {
+	if rate <= 0 {
+		return nil
+	}
+	wait := time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate)))
+	if wait <= 0 {
+		return nil
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // publish sends msgs asynchronously, as one burst or paced at rate per
 // second, noting when each left, and waits for every publish ack.
 func (e *Env) publish(ctx context.Context, t *tracker, msgs []*nats.Msg, rate int) error {
@@ -241,16 +263,8 @@ func (e *Env) publish(ctx context.Context, t *tracker, msgs []*nats.Msg, rate in
 	t.cpu, t.heap = t.cpuNow(), heapNow()
 	start := time.Now()
 	for i, m := range msgs {
-		if rate > 0 {
-			// Paced against the start, so a slow publish is caught up
-			// rather than stretching the whole run.
-			if wait := time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))); wait > 0 {
-				select {
-				case <-time.After(wait):
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
+		if err := waitTurn(ctx, start, i, rate); err != nil {
+			return err
 		}
 		t.sent[i].Store(time.Now().UnixNano())
 		f, err := e.pubJS.PublishMsgAsync(m, stallWait)

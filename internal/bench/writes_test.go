@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -99,13 +100,36 @@ func writeKinds(signer *proof.Signer) []writeKind {
 // keeping 64, with a value of 8 bytes and one of a signed checkpoint's
 // size; and the runtime's own write, a checkpoint signed and written
 // through events.Store. Each kind writes b.N times round 64 keys, one
-// write at a time, in 5 rounds whose first kind changes from round to
-// round, and it reports each kind's median CPU per write, the server's and
-// this process's. It says whether any shape of bucket makes the
-// checkpoint's write cheaper than the publish it is, and what the
-// signature adds. Run it with a fixed count:
-// go test -run '^$' -bench Writes -benchtime 20000x ./internal/bench
-func BenchmarkWrites(b *testing.B) {
+// write at a time and back to back, in 5 rounds whose first kind changes
+// from round to round, and it reports each kind's median CPU per write,
+// the server's and this process's. It says whether any shape of bucket
+// makes the checkpoint's write cheaper than the publish it is, and what
+// the signature adds. Run it with a fixed count:
+// go test -run '^$' -bench '^BenchmarkWrites$' -benchtime 20000x ./internal/bench
+func BenchmarkWrites(b *testing.B) { measureWrites(b, 0) }
+
+// BenchmarkPacedWrites measures the same writes as BenchmarkWrites, paced
+// at the bench's steady 1,000 a second instead of back to back, as the
+// checkpoint is written at `steward bench --rate 1000`: every write then
+// finds the server and this process asleep and wakes them, where a write
+// back to back finds them awake. Beside the kinds it measures the pace
+// alone (the same timer, no write), what this process spends waking for
+// its turn, which a consumer woken by its event's arrival spends instead.
+// A kind's paced CPU per write less its back-to-back CPU, and less the
+// pace alone, is what waking costs it. Run it with a fixed count:
+// go test -run '^$' -bench PacedWrites -benchtime 2000x ./internal/bench
+func BenchmarkPacedWrites(b *testing.B) { measureWrites(b, 1000) }
+
+// paceAlone is the kind BenchmarkPacedWrites adds: its turn comes at the
+// pace, and it writes nothing.
+var paceAlone = writeKind{name: "pace alone",
+	set: func(context.Context, *Env, string) (func(context.Context, int) error, error) {
+		return func(context.Context, int) error { return nil }, nil
+	}}
+
+// measureWrites runs BenchmarkWrites (rate 0: back to back) or
+// BenchmarkPacedWrites (rate writes a second).
+func measureWrites(b *testing.B, rate int) {
 	ctx := context.Background()
 	env, err := StartProcess(ctx, []string{os.Args[0], "fleet-server"})
 	if err != nil {
@@ -117,6 +141,9 @@ func BenchmarkWrites(b *testing.B) {
 		b.Fatal(err)
 	}
 	kinds := writeKinds(proof.NewSigner(priv, "bench-writes", ""))
+	if rate > 0 {
+		kinds = append(kinds, paceAlone)
+	}
 	const rounds = 5
 	// Nanoseconds per write, by kind, one figure a round.
 	server := make([][]int64, len(kinds))
@@ -138,7 +165,11 @@ func BenchmarkWrites(b *testing.B) {
 			}
 			runtime.GC()
 			start := env.cpu()
+			began := time.Now()
 			for i := range b.N {
+				if err := waitTurn(ctx, began, i, rate); err != nil {
+					b.Fatal(err)
+				}
 				if err := write(ctx, 1000+i); err != nil {
 					b.Fatalf("%s, write %d: %v", kinds[k].name, i, err)
 				}
@@ -146,6 +177,9 @@ func BenchmarkWrites(b *testing.B) {
 			used := env.cpu().since(start)
 			server[k] = append(server[k], int64(used.server)/int64(b.N))
 			client[k] = append(client[k], int64(used.all-used.server)/int64(b.N))
+			if kinds[k].key == nil {
+				continue // the pace alone made nothing
+			}
 			// A bucket's stream is its name with KV_ before it.
 			err = env.subJS.DeleteStream(ctx, name)
 			if errors.Is(err, jetstream.ErrStreamNotFound) {
