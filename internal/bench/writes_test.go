@@ -26,7 +26,8 @@ func writeKey(i int) string { return "k" + strconv.Itoa(i%64) }
 // writeKind is one way of making a confirmed write to the server: set
 // makes what it writes to, fresh (name is unique to the call), and returns
 // the write of the i-th value; key is the key (or the subject's last
-// tokens) the i-th value is stored under.
+// tokens) the i-th value is stored under, nil for a kind that stores
+// nothing (the pace alone), so has nothing to delete.
 type writeKind struct {
 	name string
 	set  func(ctx context.Context, e *Env, name string) (func(ctx context.Context, i int) error, error)
@@ -178,7 +179,7 @@ func measureWrites(b *testing.B, rate int) {
 			server[k] = append(server[k], int64(used.server)/int64(b.N))
 			client[k] = append(client[k], int64(used.all-used.server)/int64(b.N))
 			if kinds[k].key == nil {
-				continue // the pace alone made nothing
+				continue
 			}
 			// A bucket's stream is its name with KV_ before it.
 			err = env.subJS.DeleteStream(ctx, name)
