@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
-	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -24,14 +23,25 @@ import (
 func writeKey(i int) string { return "k" + strconv.Itoa(i%64) }
 
 // writeKind is one way of making a confirmed write to the server: set
-// makes what it writes to, fresh (name is unique to the call), and returns
-// the write of the i-th value; key is the key (or the subject's last
-// tokens) the i-th value is stored under, nil for a kind that stores
-// nothing (the pace alone), so has nothing to delete.
+// makes what it writes to, fresh (name is unique to the call).
 type writeKind struct {
 	name string
-	set  func(ctx context.Context, e *Env, name string) (func(ctx context.Context, i int) error, error)
-	key  func(i int) string
+	set  func(ctx context.Context, e *Env, name string) (writes, error)
+}
+
+// writes is what a kind's set made: write makes the i-th write; stream is
+// the stream that holds what is written ("" when nothing is, as with the
+// pace alone), and subject the subject the i-th value is stored under.
+type writes struct {
+	write   func(ctx context.Context, i int) error
+	stream  string
+	subject func(i int) string
+}
+
+// bucketOf is what writes to the bucket name hold: its stream and the
+// subject of the i-th value's key, as nats.go names them.
+func bucketOf(name string, key func(i int) string, write func(ctx context.Context, i int) error) writes {
+	return writes{write: write, stream: "KV_" + name, subject: func(i int) string { return "$KV." + name + "." + key(i) }}
 }
 
 // signedKey is where the signed checkpoint kind stores its i-th write: a
@@ -41,14 +51,14 @@ func signedKey(i int) string { return events.LaneCheckpointKey("bench", "writes"
 // bucketWrites writes compare-and-set (casWriter, as the checkpointing
 // path does) into a bucket made as a nats.go user makes one (a name, file
 // storage) keeping history values of each key.
-func bucketWrites(history uint8, value []byte) func(context.Context, *Env, string) (func(context.Context, int) error, error) {
-	return func(ctx context.Context, e *Env, name string) (func(context.Context, int) error, error) {
+func bucketWrites(history uint8, value []byte) func(context.Context, *Env, string) (writes, error) {
+	return func(ctx context.Context, e *Env, name string) (writes, error) {
 		kv, err := e.subJS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name, Storage: jetstream.FileStorage, History: history})
 		if err != nil {
-			return nil, err
+			return writes{}, err
 		}
 		write := casWriter(kv)
-		return func(ctx context.Context, i int) error { return write(ctx, writeKey(i), value) }, nil
+		return bucketOf(name, writeKey, func(ctx context.Context, i int) error { return write(ctx, writeKey(i), value) }), nil
 	}
 }
 
@@ -64,33 +74,34 @@ func writeKinds(signer *proof.Signer) []writeKind {
 		large[i] = 'a' + byte(i%26)
 	}
 	return []writeKind{
-		{"publish to a stream", func(ctx context.Context, e *Env, name string) (func(context.Context, int) error, error) {
+		{"publish to a stream", func(ctx context.Context, e *Env, name string) (writes, error) {
 			if _, err := e.subJS.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}, Storage: jetstream.FileStorage}); err != nil {
-				return nil, err
+				return writes{}, err
 			}
-			return func(ctx context.Context, i int) error {
-				_, err := e.subJS.Publish(ctx, name+"."+writeKey(i), small)
+			subject := func(i int) string { return name + "." + writeKey(i) }
+			return writes{write: func(ctx context.Context, i int) error {
+				_, err := e.subJS.Publish(ctx, subject(i), small)
 				return err
-			}, nil
-		}, writeKey},
-		{"bucket, history 1", bucketWrites(1, small), writeKey},
-		{"bucket, history 64", bucketWrites(64, small), writeKey},
-		{"bucket, history 1, signed size", bucketWrites(1, large), writeKey},
-		{"signed checkpoint", func(ctx context.Context, e *Env, name string) (func(context.Context, int) error, error) {
+			}, stream: name, subject: subject}, nil
+		}},
+		{"bucket, history 1", bucketWrites(1, small)},
+		{"bucket, history 64", bucketWrites(64, small)},
+		{"bucket, history 1, signed size", bucketWrites(1, large)},
+		{"signed checkpoint", func(ctx context.Context, e *Env, name string) (writes, error) {
 			kv, err := e.subJS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name, Storage: jetstream.FileStorage})
 			if err != nil {
-				return nil, err
+				return writes{}, err
 			}
 			docs := events.NewStore(kv, events.StoreOptions{Signer: signer})
 			revisions := map[string]uint64{}
-			return func(ctx context.Context, i int) error {
+			return bucketOf(name, signedKey, func(ctx context.Context, i int) error {
 				key := signedKey(i)
 				cp := events.Checkpoint{Applied: uint64(i + 1), EventID: fmt.Sprintf("bench-writes-%d", i)}
 				rev, err := docs.Put(ctx, key, cp, revisions[key])
 				revisions[key] = rev
 				return err
-			}, nil
-		}, signedKey},
+			}), nil
+		}},
 	}
 }
 
@@ -124,8 +135,8 @@ func BenchmarkPacedWrites(b *testing.B) { measureWrites(b, 1000) }
 // paceAlone is the kind BenchmarkPacedWrites adds: its turn comes at the
 // pace, and it writes nothing.
 var paceAlone = writeKind{name: "pace alone",
-	set: func(context.Context, *Env, string) (func(context.Context, int) error, error) {
-		return func(context.Context, int) error { return nil }, nil
+	set: func(context.Context, *Env, string) (writes, error) {
+		return writes{write: func(context.Context, int) error { return nil }}, nil
 	}}
 
 // measureWrites runs BenchmarkWrites (rate 0: back to back) or
@@ -153,14 +164,14 @@ func measureWrites(b *testing.B, rate int) {
 		for j := range kinds {
 			k := (r + j) % len(kinds)
 			name := fmt.Sprintf("BENCH_WRITES_%d_%d", r, k)
-			write, err := kinds[k].set(ctx, env, name)
+			w, err := kinds[k].set(ctx, env, name)
 			if err != nil {
 				b.Fatalf("%s: %v", kinds[k].name, err)
 			}
 			// Each key's first write creates it: warm every key up, and
 			// the stream's first block, before measuring.
 			for i := range 1000 {
-				if err := write(ctx, i); err != nil {
+				if err := w.write(ctx, i); err != nil {
 					b.Fatalf("%s, warming up: %v", kinds[k].name, err)
 				}
 			}
@@ -171,23 +182,18 @@ func measureWrites(b *testing.B, rate int) {
 				if err := waitTurn(ctx, began, i, rate); err != nil {
 					b.Fatal(err)
 				}
-				if err := write(ctx, 1000+i); err != nil {
+				if err := w.write(ctx, 1000+i); err != nil {
 					b.Fatalf("%s, write %d: %v", kinds[k].name, i, err)
 				}
 			}
 			used := env.cpu().since(start)
 			server[k] = append(server[k], int64(used.server)/int64(b.N))
 			client[k] = append(client[k], int64(used.all-used.server)/int64(b.N))
-			if kinds[k].key == nil {
+			if w.stream == "" {
 				continue
 			}
-			// A bucket's stream is its name with KV_ before it.
-			err = env.subJS.DeleteStream(ctx, name)
-			if errors.Is(err, jetstream.ErrStreamNotFound) {
-				err = env.subJS.DeleteKeyValue(ctx, name)
-			}
-			if err != nil {
-				b.Fatalf("%s: delete %s: %v", kinds[k].name, name, err)
+			if err := env.subJS.DeleteStream(ctx, w.stream); err != nil {
+				b.Fatalf("%s: delete %s: %v", kinds[k].name, w.stream, err)
 			}
 		}
 	}
@@ -230,22 +236,16 @@ func TestWriteKindsWriteWhatTheySay(t *testing.T) {
 	}
 	for k, kind := range writeKinds(proof.NewSigner(priv, "bench-writes", "")) {
 		name := fmt.Sprintf("BENCH_WRITES_TEST_%d", k)
-		write, err := kind.set(ctx, env, name)
+		made, err := kind.set(ctx, env, name)
 		if err != nil {
 			t.Fatalf("%s: %v", kind.name, err)
 		}
 		for i := range writes {
-			if err := write(ctx, i); err != nil {
+			if err := made.write(ctx, i); err != nil {
 				t.Fatalf("%s, write %d: %v", kind.name, i, err)
 			}
 		}
-		subject := name + "." + kind.key(0)
-		stream, err := env.subJS.Stream(ctx, name)
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			// A bucket's stream and subjects are its name after KV_ and $KV.
-			stream, err = env.subJS.Stream(ctx, "KV_"+name)
-			subject = "$KV." + subject
-		}
+		stream, err := env.subJS.Stream(ctx, made.stream)
 		if err != nil {
 			t.Fatalf("%s: %v", kind.name, err)
 		}
@@ -253,9 +253,9 @@ func TestWriteKindsWriteWhatTheySay(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", kind.name, err)
 		}
-		last, err := stream.GetLastMsgForSubject(ctx, subject)
+		last, err := stream.GetLastMsgForSubject(ctx, made.subject(writes-1))
 		if err != nil {
-			t.Fatalf("%s: %v", kind.name, err)
+			t.Fatalf("%s: no last value on %s in %s, where its last write went: %v", kind.name, made.subject(writes-1), made.stream, err)
 		}
 		w, ok := want[kind.name]
 		if !ok || info.State.Msgs != w.stored {
@@ -275,7 +275,7 @@ func TestWriteKindsWriteWhatTheySay(t *testing.T) {
 		verifier.Pin("bench-writes", pub)
 		docs := events.NewStore(kv, events.StoreOptions{Verifier: verifier})
 		for i := writes - 64; i < writes; i++ {
-			doc, err := docs.Get(ctx, kind.key(i))
+			doc, err := docs.Get(ctx, signedKey(i))
 			if err != nil {
 				t.Fatal(err)
 			}
