@@ -50,10 +50,12 @@ handler and publish to settled, how many of the slowest 1% to reach their
 handler were published within 40ms of each other (when many were, a stall
 that every event behind it waited out made the p99 more than the path
 did), the CPU time per event (with the server in a process of its own,
-the server's part of it: what the path asks of the server), and the bytes
-its process allocated per event with the garbage collections they cost
-(medians over the rounds), then the ratios the targets are stated in (the
-medians of each round's own) and each round's. Compare figures within one
+the server's part of it: what the path asks of the server), the bytes
+its process allocated per event with the garbage collections they cost,
+and on the consumers that decode and validate, how long that took where
+it ran, timed event by event (medians over the rounds), then the ratios
+the targets are stated in (the medians of each round's own) and each
+round's. Compare figures within one
 run only: the machine is shared and absolute figures drift.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go/jetstream"
@@ -83,10 +84,12 @@ func (e *Env) Raw(ctx context.Context, o Options, c RawConsumer, l Layout) (Meas
 			var ev event.Event
 			if c.validates() {
 				var err error
+				start := time.Now()
 				ev, err = events.Decode(m.Headers(), m.Data())
 				if err == nil {
 					err = events.Validate(ev)
 				}
+				t.check(id, time.Since(start))
 				if err != nil {
 					// Every event was validated when it was made, so this
 					// is the bench's own fault: the event never settles,

@@ -23,6 +23,15 @@ type Measure struct {
 	// Handler is publish to the handler; Settled is publish to the ack
 	// confirmed (the raw paths: their ack call returned).
 	Handler, Settled Latency
+	// Checked is how long the path's own decoding and validation of an
+	// event took, timed where it runs, before its handler: zero on a path
+	// that does neither (raw Ack and DoubleAck, Watermill), and on the
+	// runtime's, which does both before its handler is called and says
+	// nothing of how long they took. A hot loop measures the same work on warm
+	// caches; at a steady rate each event meets caches holding the
+	// server's and the publisher's work, and costs several times as much
+	// (docs/benchmarks.md, 2026-12-06).
+	Checked Latency
 	// CPU is the CPU time per event over the path's turn of the processes
 	// taking part: the server's and the publisher's too, which are the same
 	// on every path, so what differs between paths is the consumer's own
@@ -67,10 +76,14 @@ func (m Measure) Line(name string) string {
 	if s := m.ServerCPU.Round(time.Microsecond); s > 0 {
 		server = fmt.Sprintf(" (server %6v)", s)
 	}
-	return fmt.Sprintf("%-40s %6d events in %8v %9.0f events/s (published %6.0f/s)   handler p50 %9v p99 %9v (slowest 1%%: %3d within %v)   settled p50 %9v p99 %9v   CPU %7v/event%s   heap %6d B/event %3d GCs\n",
+	var checked string
+	if m.Checked.P50 > 0 {
+		checked = fmt.Sprintf("   decoding and validating p50 %v p99 %v", m.Checked.P50.Round(100*time.Nanosecond), m.Checked.P99.Round(100*time.Nanosecond))
+	}
+	return fmt.Sprintf("%-40s %6d events in %8v %9.0f events/s (published %6.0f/s)   handler p50 %9v p99 %9v (slowest 1%%: %3d within %v)   settled p50 %9v p99 %9v   CPU %7v/event%s   heap %6d B/event %3d GCs%s\n",
 		name, m.Events, m.Elapsed.Round(time.Millisecond), m.PerSecond, m.Published,
 		d(m.Handler.P50), d(m.Handler.P99), m.Bunched, bunchWindow, d(m.Settled.P50), d(m.Settled.P99), m.CPU.Round(time.Microsecond),
-		server, m.Alloc, m.Collections)
+		server, m.Alloc, m.Collections, checked)
 }
 
 // Round is one measure of each path, taken one after the other. The raw
@@ -295,6 +308,10 @@ func medianMeasure(ms []Measure) Measure {
 		Settled: Latency{
 			P50: d(func(m Measure) time.Duration { return m.Settled.P50 }),
 			P99: d(func(m Measure) time.Duration { return m.Settled.P99 }),
+		},
+		Checked: Latency{
+			P50: d(func(m Measure) time.Duration { return m.Checked.P50 }),
+			P99: d(func(m Measure) time.Duration { return m.Checked.P99 }),
 		},
 	}
 }

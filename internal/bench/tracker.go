@@ -26,13 +26,16 @@ type tracker struct {
 	sent      []atomic.Int64
 	handled   []atomic.Int64
 	settled   []atomic.Int64
-	done      atomic.Int64
-	all       chan struct{}
+	// checked is how long each event's decoding and validation took (ns),
+	// on the paths that time it (tracker.check).
+	checked []atomic.Int64
+	done    atomic.Int64
+	all     chan struct{}
 }
 
 func newTracker(prefix string, n int, cpuNow func() cpuUse) *tracker {
 	return &tracker{prefix: prefix, cpuNow: cpuNow, sent: make([]atomic.Int64, n), handled: make([]atomic.Int64, n),
-		settled: make([]atomic.Int64, n), all: make(chan struct{})}
+		settled: make([]atomic.Int64, n), checked: make([]atomic.Int64, n), all: make(chan struct{})}
 }
 
 func (t *tracker) index(id string) (int, bool) {
@@ -48,6 +51,14 @@ func (t *tracker) handle(id string) {
 	}
 }
 
+// check notes how long the first decoding and validation of an event
+// took, before its handler.
+func (t *tracker) check(id string, took time.Duration) {
+	if i, ok := t.index(id); ok {
+		t.checked[i].CompareAndSwap(0, max(int64(took), 1))
+	}
+}
+
 // settle notes that an event's ack is confirmed; the run ends when every
 // event is.
 func (t *tracker) settle(id string) {
@@ -55,6 +66,20 @@ func (t *tracker) settle(id string) {
 	if ok && t.settled[i].CompareAndSwap(0, time.Now().UnixNano()) && t.done.Add(1) == int64(len(t.settled)) {
 		close(t.all)
 	}
+}
+
+// durations are the durations in ns, or nil when none was noted.
+func durations(ns []atomic.Int64) []time.Duration {
+	out := make([]time.Duration, len(ns))
+	noted := false
+	for i := range ns {
+		out[i] = time.Duration(ns[i].Load())
+		noted = noted || out[i] != 0
+	}
+	if !noted {
+		return nil
+	}
+	return out
 }
 
 func distribution(lat []time.Duration) Latency {
@@ -72,6 +97,12 @@ func (t *tracker) measure() Measure {
 		sent[i], handler[i], settled[i] = s, time.Duration(h-s), time.Duration(d-s)
 		first, last = min(first, s), max(last, d)
 	}
+	// Only the paths that decode and validate time it, and they time
+	// every event, which no event settles without.
+	var checked Latency
+	if took := durations(t.checked); took != nil {
+		checked = distribution(took)
+	}
 	heap, cpu := heapNow(), t.cpuNow().since(t.cpu)
 	// Before distribution sorts handler: bunched pairs it with sent by index.
 	bunched := bunched(sent, handler, bunchWindow)
@@ -79,7 +110,7 @@ func (t *tracker) measure() Measure {
 	return Measure{
 		Events: n, Elapsed: elapsed, PerSecond: float64(n) / elapsed.Seconds(),
 		Published: float64(n) / publishing.Seconds(),
-		Handler:   distribution(handler), Settled: distribution(settled),
+		Handler:   distribution(handler), Settled: distribution(settled), Checked: checked,
 		CPU: cpu.all / time.Duration(n), ServerCPU: cpu.server / time.Duration(n),
 		Alloc: (heap.bytes - t.heap.bytes) / uint64(n), Collections: heap.collections - t.heap.collections,
 		Bunched: bunched,
