@@ -27,8 +27,8 @@ type Measure struct {
 	// event took, timed where it runs, before its handler: zero on a path
 	// that does neither (raw Ack and DoubleAck, Watermill), and on the
 	// runtime's, which does both before its handler is called and says
-	// nothing of how long they took. A hot loop measures the same work on warm
-	// caches; at a steady rate each event meets caches holding the
+	// nothing of how long they took. A hot loop measures the same work on
+	// warm caches; at a steady rate each event meets caches holding the
 	// server's and the publisher's work, and costs several times as much
 	// (docs/benchmarks.md, 2026-12-06).
 	Checked Latency
