@@ -55,8 +55,8 @@ its process allocated per event with the garbage collections they cost,
 and on the consumers that decode and validate, how long that took where
 it ran, timed event by event (medians over the rounds), then the ratios
 the targets are stated in (the medians of each round's own) and each
-round's. Compare figures within one
-run only: the machine is shared and absolute figures drift.`,
+round's. Compare figures within one run only: the machine is shared and
+absolute figures drift.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.Rounds < 1 {

@@ -69,20 +69,6 @@ func (t *tracker) settle(id string) {
 	}
 }
 
-// durations are the durations in ns, or nil when none was noted.
-func durations(ns []atomic.Int64) []time.Duration {
-	out := make([]time.Duration, len(ns))
-	noted := false
-	for i := range ns {
-		out[i] = time.Duration(ns[i].Load())
-		noted = noted || out[i] != 0
-	}
-	if !noted {
-		return nil
-	}
-	return out
-}
-
 func distribution(lat []time.Duration) Latency {
 	slices.Sort(lat)
 	n := len(lat)
@@ -91,18 +77,18 @@ func distribution(lat []time.Duration) Latency {
 
 func (t *tracker) measure() Measure {
 	n := len(t.sent)
-	sent, handler, settled := make([]int64, n), make([]time.Duration, n), make([]time.Duration, n)
+	sent, handler, settled, took := make([]int64, n), make([]time.Duration, n), make([]time.Duration, n), make([]time.Duration, n)
 	first, last := t.sent[0].Load(), int64(0)
 	for i := range n {
 		s, h, d := t.sent[i].Load(), t.handled[i].Load(), t.settled[i].Load()
-		sent[i], handler[i], settled[i] = s, time.Duration(h-s), time.Duration(d-s)
+		sent[i], handler[i], settled[i], took[i] = s, time.Duration(h-s), time.Duration(d-s), time.Duration(t.checked[i].Load())
 		first, last = min(first, s), max(last, d)
 	}
 	// Only the paths that decode and validate time it, and they time
 	// every event: one that does not validate never settles, so no
 	// measure is taken with an event untimed.
 	var checked Latency
-	if took := durations(t.checked); took != nil {
+	if took[0] != 0 {
 		checked = distribution(took)
 	}
 	heap, cpu := heapNow(), t.cpuNow().since(t.cpu)
