@@ -389,7 +389,7 @@ func TestValidatingPathRefusesWhatDoesNotValidate(t *testing.T) {
 
 // TestValidatingPathsTimeTheirDecodingAndValidation proves the paths that
 // decode and validate report how long that took where it ran, and the
-// others report nothing: each event is timed before its handler is
+// others report nothing: each event's timing ends as its handler is
 // marked, so no percentile of it can exceed the same percentile of
 // publish to the handler.
 func TestValidatingPathsTimeTheirDecodingAndValidation(t *testing.T) {

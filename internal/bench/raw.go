@@ -83,13 +83,12 @@ func (e *Env) Raw(ctx context.Context, o Options, c RawConsumer, l Layout) (Meas
 			id := m.Headers().Get(idHeader)
 			var ev event.Event
 			if c.validates() {
-				var err error
 				start := time.Now()
+				var err error
 				ev, err = events.Decode(m.Headers(), m.Data())
 				if err == nil {
 					err = events.Validate(ev)
 				}
-				t.check(id, time.Since(start))
 				if err != nil {
 					// Every event was validated when it was made, so this
 					// is the bench's own fault: the event never settles,
@@ -97,8 +96,10 @@ func (e *Env) Raw(ctx context.Context, o Options, c RawConsumer, l Layout) (Meas
 					refuse(fmt.Errorf("event %s did not validate: %w", id, err))
 					return
 				}
+				t.handleChecked(id, start)
+			} else {
+				t.handle(id)
 			}
-			t.handle(id)
 			if checkpoint != nil {
 				if err := checkpoint(ctx, m, ev.Subject()); err != nil {
 					refuse(fmt.Errorf("event %s: %w", id, err))

@@ -27,7 +27,7 @@ type tracker struct {
 	handled   []atomic.Int64
 	settled   []atomic.Int64
 	// checked is how long each event's decoding and validation took (ns),
-	// on the paths that time it (tracker.check).
+	// on the paths that time it (tracker.handleChecked).
 	checked []atomic.Int64
 	done    atomic.Int64
 	all     chan struct{}
@@ -51,12 +51,17 @@ func (t *tracker) handle(id string) {
 	}
 }
 
-// check notes how long the first decoding and validation of an event
-// took, before its handler. It keeps at least a nanosecond, so that a
-// clock too coarse to see the work still leaves the event noted as timed.
-func (t *tracker) check(id string, took time.Duration) {
+// handleChecked is handle for a path that decoded and validated the event
+// from start: the moment it is handled ends that timing, so the timing
+// never runs past the way to the handler, and the path reads the clock
+// and finds the event's place once after its work, as handle does. The
+// timing keeps at least a nanosecond, so that a clock too coarse to see
+// the work still leaves the event noted as timed.
+func (t *tracker) handleChecked(id string, start time.Time) {
 	if i, ok := t.index(id); ok {
-		t.checked[i].CompareAndSwap(0, max(int64(took), 1))
+		now := time.Now()
+		t.handled[i].CompareAndSwap(0, now.UnixNano())
+		t.checked[i].CompareAndSwap(0, max(int64(now.Sub(start)), 1))
 	}
 }
 
