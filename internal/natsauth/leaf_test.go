@@ -413,6 +413,13 @@ func TestASiteCannotReachAnotherSiteOrTheHubsState(t *testing.T) {
 	}
 	_, siteB := f.operator(t, f.sites["site-b"], "", "site-b")
 	waitCount(t, siteB, events.StreamEvents, 1, "site B holds its event")
+	// Site B confirms the event to the hub's consumer after storing it, so
+	// the snapshot waits for that confirmation: taken between the two, it
+	// would see the ack floor move with no attack behind it.
+	workertest.WaitUntil(t, "the hub's consumer for site B has its event confirmed", func() bool {
+		c, err := f.hubJS.PushConsumer(ctx(t), events.StreamEvents, events.SiteConsumer("site-b"))
+		return err == nil && c.CachedInfo().AckFloor.Stream == 1
+	})
 	before := f.snapshot(t)
 	leafA := filepath.Join(f.dir, "leaf-site-a.creds")
 
