@@ -289,6 +289,27 @@ func TestBunchedCountsTheSlowestPublishedTogether(t *testing.T) {
 	}
 }
 
+// TestMeasureCountsNoneOfItsOwnAllocations ends a turn of 10,000 settled
+// events and measures it at once: the heap figure is the path's, so the
+// slices measure builds to compute the percentiles (32 bytes an event)
+// must not be in it. What else the test binary allocates meanwhile is far
+// under the 8 bytes an event allowed.
+func TestMeasureCountsNoneOfItsOwnAllocations(t *testing.T) {
+	const n = 10000
+	tr := newTracker("e-", n, func() cpuUse { return cpuUse{} })
+	start := time.Now().UnixNano()
+	for i := range n {
+		tr.sent[i].Store(start + int64(i))
+		tr.handled[i].Store(start + int64(i) + 300)
+		tr.settled[i].Store(start + int64(i) + 600)
+		tr.checked[i].Store(10)
+	}
+	tr.cpu, tr.heap = tr.cpuNow(), heapNow()
+	if m := tr.measure(); m.Alloc >= 8 {
+		t.Fatalf("a turn with nothing allocated measured %d bytes an event: the measure counted its own work", m.Alloc)
+	}
+}
+
 // TestOutcomePathStoresASignedOutcomePerEvent proves the outcome path
 // measures what it says: every event's handler emitted an outcome that
 // STEWARD_OUTCOMES stored, signed, before the event settled.
