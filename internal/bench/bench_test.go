@@ -290,12 +290,13 @@ func TestBunchedCountsTheSlowestPublishedTogether(t *testing.T) {
 }
 
 // TestMeasureCountsNoneOfItsOwnAllocations ends a turn of 10,000 settled
-// events and measures it at once: the heap figure is the path's, so the
-// slices measure builds to compute the percentiles (32 bytes an event)
-// must not be in it. What else the test binary allocates meanwhile is far
-// under the 8 bytes an event allowed.
+// events, in which the path allocated 64 bytes an event, and measures it at
+// once: the heap figure must be the path's 64, with neither the slices
+// measure builds to compute the percentiles (32 bytes an event) nor less
+// than the path allocated. What else the test binary allocates meanwhile
+// is far under the 8 bytes an event allowed.
 func TestMeasureCountsNoneOfItsOwnAllocations(t *testing.T) {
-	const n = 10000
+	const n, perEvent = 10000, 64
 	tr := newTracker("e-", n, func() cpuUse { return cpuUse{} })
 	start := time.Now().UnixNano()
 	for i := range n {
@@ -305,8 +306,13 @@ func TestMeasureCountsNoneOfItsOwnAllocations(t *testing.T) {
 		tr.checked[i].Store(10)
 	}
 	tr.cpu, tr.heap = tr.cpuNow(), heapNow()
-	if m := tr.measure(); m.Alloc >= 8 {
-		t.Fatalf("a turn with nothing allocated measured %d bytes an event: the measure counted its own work", m.Alloc)
+	// One large allocation, which the heap's counters take at once (small
+	// ones are counted as their spans fill): the path's work in the turn.
+	pathWork := make([]byte, n*perEvent)
+	m := tr.measure()
+	runtime.KeepAlive(pathWork)
+	if m.Alloc < perEvent || m.Alloc >= perEvent+8 {
+		t.Fatalf("a turn whose path allocated %d bytes an event measured %d: the measure counted its own work, or missed the path's", perEvent, m.Alloc)
 	}
 }
 
