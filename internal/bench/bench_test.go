@@ -291,9 +291,9 @@ func TestBunchedCountsTheSlowestPublishedTogether(t *testing.T) {
 
 // TestMeasureCountsNoneOfItsOwnAllocations ends a turn of 10,000 settled
 // events, in which the path allocated 64 bytes an event, and measures it at
-// once: the heap figure must be the path's 64, with neither the slices
-// measure builds to compute the percentiles (32 bytes an event) nor less
-// than the path allocated. What else the test binary allocates meanwhile
+// once: the heap figure must be the path's 64, neither counting the slices
+// measure builds to compute the percentiles (32 bytes an event) nor missing
+// what the path allocated. What else the test binary allocates meanwhile
 // is far under the 8 bytes an event allowed.
 func TestMeasureCountsNoneOfItsOwnAllocations(t *testing.T) {
 	const n, perEvent = 10000, 64
