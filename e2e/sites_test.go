@@ -216,6 +216,14 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 		}
 	}
 
+	// The operator's keeper of the hub's sources of each site's outcomes
+	// and dead letters, run beside the hub as a site deployment runs it:
+	// nats-server alone can leave a source stalled for minutes after a
+	// relink (docs/design.md §9).
+	keeper := newProc(t, "site-keep", bins.steward, []string{"site", "keep", "--nats-url", hub.url(),
+		"--stall-after", "5s", "--interval", "1s", "--log-format", "json"}, envList(closed.operatorEnv()))
+	keeper.start()
+
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -439,10 +447,12 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 	outcomes := map[string][]string{}
 	var lastLook time.Time
 	atSites := ""
-	// The hub sources each site's outcomes; a source that failed through
+	// The hub sources each site's outcomes. A source that failed through
 	// the cut is retried by nats-server with a backoff of up to two
-	// minutes (its retryMaximum), unless the relink finds it idle.
-	waitFor(t, "every event's outcome is at the hub", 3*time.Minute, func() (bool, string) {
+	// minutes (its retryMaximum), unless the relink finds it idle; the
+	// keeper restarts one still silent 5 s after the relink, so this waits
+	// on the keeper, well short of that backoff.
+	waitFor(t, "every event's outcome is at the hub", time.Minute, func() (bool, string) {
 		clear(outcomes)
 		err := b.each(events.StreamOutcomes, nil, func(m jetstream.Msg) error {
 			e, err := events.Decode(m.Headers(), m.Data())
@@ -513,6 +523,14 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 			}
 		}
 	}
+	// What the keeper did: each restart is logged, and none may fail.
+	keeperLog := keeper.tail(1_000_000)
+	restarts := strings.Count(keeperLog, "so it was restarted")
+	for _, line := range strings.Split(keeperLog, "\n") {
+		if strings.Contains(line, "was not restarted") || strings.Contains(line, "were not read") {
+			t.Errorf("steward site keep: %s", line)
+		}
+	}
 	if lost+dup+backwards+twice != 0 {
 		t.Errorf("lost %d, applied twice %d, backwards %d, outcomes not one %d; want 0 each", lost, dup, backwards, twice)
 	}
@@ -520,7 +538,7 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 		"sites", 2, "instances_per_site", perSite+machinesPerSite, "hives_per_site", perSite, "machines_per_site", machinesPerSite, "read_mode", "stream", "auth", closed.name(),
 		"round1_both_sites", round(first), "cut", round(cut), "leaf_killed_during_cut", true,
 		"site_b_converged_during_cut", round(bDuringCut), "hub_reported_site_a_behind", during["site-a"].Pending, "hub_reported_site_a_oldest_pending_age", round(time.Duration(during["site-a"].OldestPendingSeconds*float64(time.Second))), "site_a_relinked_after_heal", round(relinked), "site_a_converged_after_heal", round(aAfterHeal), "outcomes_at_hub_after_heal", round(outcomesAfterHeal),
-		"events", len(ids), "superseded", superseded, "lost", lost, "duplicates_applied", dup, "backwards", backwards, "link_violations", violations)
+		"sources_restarted_by_keeper", restarts, "events", len(ids), "superseded", superseded, "lost", lost, "duplicates_applied", dup, "backwards", backwards, "link_violations", violations)
 }
 
 // siteStatusAs is `steward site status --json` at the hub, by site, run

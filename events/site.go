@@ -421,3 +421,55 @@ func addHubSource(ctx context.Context, hubJS jetstream.JetStream, name, site str
 	}
 	return nil
 }
+
+// restartPutBackTimeout bounds putting a source back in
+// RestartHubSiteSource, which does not stop with its context.
+const restartPutBackTimeout = 30 * time.Second
+
+// ErrNoSiteSource says a hub stream has no source for the site named.
+var ErrNoSiteSource = errors.New("no source for the site")
+
+// RestartHubSiteSource restarts the hub's source of site's stream of the
+// same name (STEWARD_OUTCOMES or STEWARD_DLQ): it takes the source out of
+// the hub stream's configuration and puts it back as it was, two updates,
+// because nats-server has no request that restarts one source. A source
+// whose reset request was in flight when its site's link came back is not
+// retried by the relink, and one that failed through a cut waits out a
+// backoff of up to two minutes; put back, it is a new source that asks the
+// site's durable consumer for a reset at once (docs/design.md §9).
+//
+// Nothing is sent twice: the site's consumer goes on from what the hub
+// confirmed, nats-server recovers the source's last sequence from the
+// messages the stream holds (a scan of the stream, once), and the hub's
+// duplicate window drops what it still holds. Between the two updates, a
+// reader at the hub that reads the configuration finds no source for the
+// site, so for that moment its sourced messages verify in the hub's
+// domain and are not believed. If the source cannot be put back, the
+// error says so: `steward site setup` puts it back.
+func RestartHubSiteSource(ctx context.Context, hubJS jetstream.JetStream, stream, site string) error {
+	st, err := hubJS.Stream(ctx, stream)
+	if err != nil {
+		return fmt.Errorf("site %s: read the hub's stream %s to restart its source: %w", site, stream, err)
+	}
+	cfg := st.CachedInfo().Config
+	i := slices.IndexFunc(cfg.Sources, func(src *jetstream.StreamSource) bool {
+		got, ok := SiteOf(src, stream)
+		return ok && got == site
+	})
+	if i < 0 {
+		return fmt.Errorf("site %s: %w: the hub's %s does not source the site's, so there is nothing to restart; `steward site setup %s` adds it", site, ErrNoSiteSource, stream, site)
+	}
+	without := cfg
+	without.Sources = slices.Delete(slices.Clone(cfg.Sources), i, i+1)
+	if _, err := hubJS.UpdateStream(ctx, without); err != nil {
+		return fmt.Errorf("site %s: take the site's source out of the hub's %s to restart it: %w; the source was left as it was", site, stream, describeCreateError(err))
+	}
+	// Put back even when ctx ends between the two updates (a keeper
+	// stopped by a signal): a source left out is the worse state.
+	back, cancel := context.WithTimeout(context.WithoutCancel(ctx), restartPutBackTimeout)
+	defer cancel()
+	if _, err := hubJS.UpdateStream(back, cfg); err != nil {
+		return fmt.Errorf("site %s: put the site's source back into the hub's %s after taking it out to restart it: %w; the hub does not source the site's %s until `steward site setup %s` puts it back (the site holds it meanwhile)", site, stream, describeCreateError(err), stream, site)
+	}
+	return nil
+}

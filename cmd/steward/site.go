@@ -41,10 +41,11 @@ each site's. The link carries none of Steward's subjects, only JetStream's.
   site config NAME   writes the leaf node's nats-server configuration
   site setup NAME    creates or updates the site's streams and bucket, from the hub
   site status        at the hub: each site's link, and how many events it is behind and since when
+  site keep          at the hub: restarts the hub's sources of a linked site's outcomes that stalled
 
 Workers at a site run unchanged, pointed at the leaf node with --js-domain NAME.`,
 	}
-	cmd.AddCommand(newSiteConfigCmd(), newSiteSetupCmd(g), newSiteStatusCmd(g))
+	cmd.AddCommand(newSiteConfigCmd(), newSiteSetupCmd(g), newSiteStatusCmd(g), newSiteKeepCmd(g))
 	return cmd
 }
 
@@ -332,6 +333,63 @@ took or confirmed one.`,
 			t.line("(no sites: steward site setup NAME makes one)")
 		}
 		return t.flush()
+	}
+	return cmd
+}
+
+func newSiteKeepCmd(g *globals) *cobra.Command {
+	var stallAfter, interval time.Duration
+	cmd := &cobra.Command{
+		Use:   "keep",
+		Short: "At the hub: keep each linked site's outcomes and dead letters sourced, restarting a source that stalled",
+		Long: `Run beside the hub, as the operator: every --interval, read the hub's sources of
+each site's STEWARD_OUTCOMES and STEWARD_DLQ, and restart each that has had no
+contact with its site for --stall-after while the site has been linked as long
+(the hub's consumer for its events is bound). nats-server does not retry a
+source whose request was in flight when the site's link came back, and retries
+one that failed through a cut with a backoff of up to two minutes; without the
+keeper a site's outcomes reach the hub that much later. Nothing is lost either
+way: the site holds them. A restart takes the source out of the hub's stream
+and puts it back; each is logged with the site, the stream and how long it was
+silent. It runs until it is stopped (SIGINT or SIGTERM).`,
+		Example: `  steward site keep --nats-url nats://hub:4222`,
+		Args:    cobra.NoArgs,
+	}
+	cmd.Flags().DurationVar(&stallAfter, "stall-after", ops.DefaultStallAfter, "how long a linked site's source may go without contact before it is restarted")
+	cmd.Flags().DurationVar(&interval, "interval", 2*time.Second, "how often the hub's sources are read")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if interval <= 0 {
+			return fmt.Errorf("--interval %v: want a positive duration", interval)
+		}
+		if stallAfter <= 0 {
+			return fmt.Errorf("--stall-after %v: want a positive duration", stallAfter)
+		}
+		nc, js, err := g.connect(cmd.Context(), "steward site keep", true)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		k, err := ops.NewSourceKeeper(js, ops.WithStallAfter(stallAfter))
+		if err != nil {
+			return err
+		}
+		g.log.Info().Dur("stall_after", stallAfter).Dur("interval", interval).Msg("keeping the hub's sources of every site")
+		err = k.Run(cmd.Context(), interval, func(restarts []ops.SourceRestart, err error) {
+			if err != nil {
+				g.log.Warn().Err(err).Msg("the hub's sources were not read; trying again at the next interval")
+			}
+			for _, r := range restarts {
+				if r.Err != nil {
+					g.log.Error().Err(r.Err).Str("site", r.Site).Str("stream", r.Stream).Dur("silent", r.Silent).Msg("the hub's source of a linked site stalled and was not restarted")
+					continue
+				}
+				g.log.Info().Str("site", r.Site).Str("stream", r.Stream).Dur("silent", r.Silent).Msg("the hub's source of a linked site had stalled, so it was restarted")
+			}
+		})
+		if errors.Is(err, context.Canceled) {
+			return nil
+		}
+		return err
 	}
 	return cmd
 }

@@ -1,0 +1,183 @@
+package ops_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/steward-dev/steward/events"
+	"github.com/steward-dev/steward/internal/ops"
+	"github.com/steward-dev/steward/internal/sitetest"
+	"github.com/steward-dev/steward/internal/streamread"
+	"github.com/steward-dev/steward/workers/workertest"
+)
+
+// hubSource is what the hub reports of its source of the site's stream.
+func hubSource(t *testing.T, hub jetstream.JetStream, stream string) *jetstream.StreamSourceInfo {
+	t.Helper()
+	s, err := hub.Stream(context.Background(), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, si := range s.CachedInfo().Sources {
+		if site, ok := events.SiteOf(&jetstream.StreamSource{Name: si.Name, External: si.External}, stream); ok && site == "site-a" {
+			return si
+		}
+	}
+	t.Fatalf("the hub's %s has no source of site-a: %+v", stream, s.CachedInfo().Sources)
+	return nil
+}
+
+// outcomesAtHub counts the hub's outcomes of the site's instance by the
+// event they answer.
+func outcomesAtHub(t *testing.T, hub jetstream.JetStream) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	err := streamread.Each(context.Background(), hub, streamread.Range{Stream: events.StreamOutcomes, Subjects: []string{events.OutcomeSubject("credential", siteHive)}},
+		func(m jetstream.Msg) error {
+			e, err := events.Decode(m.Headers(), m.Data())
+			if err != nil {
+				return err
+			}
+			cause, _ := e.Extensions()["causationid"].(string)
+			out[cause]++
+			return nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// keepUntil runs k's passes, as Run does, until one restarts something,
+// and returns what it restarted; it fails the test if none did within a
+// minute.
+func keepUntil(t *testing.T, k *ops.SourceKeeper) []ops.SourceRestart {
+	t.Helper()
+	var restarts []ops.SourceRestart
+	workertest.WaitUntil(t, "the keeper restarts a source", func() bool {
+		var err error
+		restarts, err = k.Keep(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(restarts) > 0
+	})
+	return restarts
+}
+
+// A source of a site's outcomes that hears nothing while the site is
+// linked is restarted by the keeper once the site has been linked, and the
+// source silent, for the stall time; the site's outcomes reach the hub
+// through it, each once. A healthy source and the sources of a cut site
+// are left alone, and a source just restarted is given the stall time.
+func TestSourceKeeperRestartsAStalledSiteSource(t *testing.T) {
+	ls := startLiveSite(t)
+	ctx := context.Background()
+	const stall = time.Second
+	k, err := ops.NewSourceKeeper(ls.hub, ops.WithStallAfter(stall))
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishTraced(t, ls.hub, siteHive, 1, "")
+	first := fmt.Sprintf("rot-%s-1", siteHive)
+	workertest.WaitUntil(t, "the site's first outcome is at the hub", func() bool { return outcomesAtHub(t, ls.hub)[first] == 1 })
+
+	// Healthy: nothing to do, however often it looks.
+	for range 3 {
+		if restarts, err := k.Keep(ctx); err != nil || len(restarts) != 0 {
+			t.Fatalf("the keeper restarted %+v (%v) while the site's sources were in contact; want nothing", restarts, err)
+		}
+	}
+
+	// Cut: the sources fall silent, but restarting them gains nothing
+	// until the link is back.
+	ls.pair.Cut()
+	workertest.WaitUntil(t, "the hub's source of the site's outcomes falls silent", func() bool {
+		return hubSource(t, ls.hub, events.StreamOutcomes).Active > 2*stall
+	})
+	if restarts, err := k.Keep(ctx); err != nil || len(restarts) != 0 {
+		t.Fatalf("the keeper restarted %+v (%v) while the site was cut; want nothing", restarts, err)
+	}
+	ls.pair.Restart()
+	workertest.WaitUntil(t, "the relink restarts the hub's sources itself", func() bool {
+		a := hubSource(t, ls.hub, events.StreamOutcomes).Active
+		return a >= 0 && a < stall
+	})
+
+	// The stall: the site's consumer for the hub goes (as a site's store
+	// lost, or a hand's mistake, would take it), so the hub's source hears
+	// nothing while the site is linked. The keeper restarts it once the
+	// site has been linked, and the source silent, for the stall time.
+	if err := ls.site.DeleteConsumer(ctx, events.StreamOutcomes, events.HubSourceConsumer); err != nil {
+		t.Fatal(err)
+	}
+	restarts := keepUntil(t, k)
+	if len(restarts) != 1 || restarts[0].Site != "site-a" || restarts[0].Stream != events.StreamOutcomes || restarts[0].Err != nil {
+		t.Fatalf("the keeper restarted %+v; want the hub's source of site-a's %s alone, without error", restarts, events.StreamOutcomes)
+	}
+	if restarts[0].Silent < stall {
+		t.Errorf("the keeper says the source was silent for %v; want at least the stall time %v", restarts[0].Silent, stall)
+	}
+	// Restarted, it is left the stall time before another restart, and
+	// it is in the hub's configuration again, as the readers need.
+	if restarts, err := k.Keep(ctx); err != nil || len(restarts) != 0 {
+		t.Errorf("right after a restart the keeper restarted %+v (%v); want nothing", restarts, err)
+	}
+	hubSource(t, ls.hub, events.StreamOutcomes)
+
+	// The consumer is made again, as `steward site setup` makes it, and
+	// the site writes an outcome; with the keeper running, it reaches the
+	// hub, and every outcome is there once.
+	if _, err := ls.site.CreateOrUpdatePushConsumer(ctx, events.StreamOutcomes, events.HubSourceConsumerConfig(events.StreamOutcomes, ls.pair.Site)); err != nil {
+		t.Fatal(err)
+	}
+	publishTraced(t, ls.hub, siteHive, 3, "")
+	third := fmt.Sprintf("rot-%s-3", siteHive)
+	workertest.WaitUntil(t, "the outcome of version 3 is at the hub, the keeper running", func() bool {
+		if _, err := k.Keep(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return outcomesAtHub(t, ls.hub)[third] >= 1
+	})
+	got := outcomesAtHub(t, ls.hub)
+	if got[first] != 1 || got[third] != 1 {
+		t.Errorf("the hub holds outcomes %v; want the first and third versions' once each through the restart", got)
+	}
+}
+
+// The keeper refuses settings that would make it restart every source at
+// every pass, or never look.
+func TestSourceKeeperRefusesBadSettings(t *testing.T) {
+	pair := sitetest.Start(t, "site-a")
+	_, hub := sitetest.Connect(t, pair.Hub, "")
+	if _, err := ops.NewSourceKeeper(hub, ops.WithStallAfter(0)); err == nil {
+		t.Error("a keeper with no stall time was made; want an error naming it")
+	}
+	k, err := ops.NewSourceKeeper(hub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Run(context.Background(), 0, func([]ops.SourceRestart, error) {}); err == nil {
+		t.Error("a keeper ran with no interval; want an error naming it")
+	}
+	// A hub without Steward's streams has no sources to keep.
+	if restarts, err := k.Keep(context.Background()); err != nil || len(restarts) != 0 {
+		t.Errorf("on a hub without streams the keeper did %+v, %v; want nothing", restarts, err)
+	}
+}
+
+// Restarting a source the hub does not have says so, and changes nothing.
+func TestRestartHubSiteSourceWithoutTheSource(t *testing.T) {
+	pair := sitetest.Start(t, "site-a")
+	_, hub := sitetest.Connect(t, pair.Hub, "")
+	sitetest.SetupBus(context.Background(), t, hub)
+	err := events.RestartHubSiteSource(context.Background(), hub, events.StreamOutcomes, "site-b")
+	if err == nil || !errors.Is(err, events.ErrNoSiteSource) {
+		t.Fatalf("restarting a source the hub does not have: %v; want ErrNoSiteSource", err)
+	}
+}
