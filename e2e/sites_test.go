@@ -444,6 +444,14 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 	})
 
 	// Every event has exactly one outcome at the hub, applied or superseded.
+	// Where a missing one is, is read at its site's own leaf node, as a
+	// reader at the site reads it: through the hub, on the closed bus, a
+	// site answers only a connection with its site's inbox prefix, and a
+	// read with the test's hung until its 30 s timeout.
+	atSite := map[string]*bus{}
+	for site, leaf := range leafOf {
+		atSite[site] = closed.connect(t, leaf.url())
+	}
 	outcomes := map[string][]string{}
 	var lastLook time.Time
 	atSites := ""
@@ -478,7 +486,7 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 		// Where the missing ones are is read every few seconds, not at
 		// every look: it reads every site's outcomes.
 		if time.Since(lastLook) > 5*time.Second {
-			lastLook, atSites = time.Now(), atTheirSites(b, ids, missing)
+			lastLook, atSites = time.Now(), atTheirSites(atSite, ids, missing)
 		}
 		return false, fmt.Sprintf("%d of %d events without an outcome at the hub%s", len(missing), len(ids), atSites)
 	})
@@ -559,22 +567,17 @@ func siteStatusAs(t testing.TB, hubURL string, env map[string]string) map[string
 }
 
 // atTheirSites says how many of the events missing at the hub have an
-// outcome in their own site's domain: all of them means the hub's
-// sourcing of outcomes is behind (nats-server retries a failed source
-// with a backoff of up to two minutes), fewer means outcomes were never
-// written.
-func atTheirSites(b *bus, ids map[string]string, missing map[string]bool) string {
-	atSite := map[string]bool{}
+// outcome in their own site's domain, read at each site's leaf node
+// (atSite): all of them means the hub's sourcing of outcomes is behind,
+// fewer means outcomes were never written.
+func atTheirSites(atSite map[string]*bus, ids map[string]string, missing map[string]bool) string {
+	held := map[string]bool{}
 	for site := range sitesOf(ids) {
-		js, err := jetstream.NewWithDomain(b.nc, site)
-		if err != nil {
-			return fmt.Sprintf(" (%s's outcomes not read: %v)", site, err)
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err = streamread.Each(ctx, js, streamread.Range{Stream: events.StreamOutcomes}, func(m jetstream.Msg) error {
+		err := streamread.Each(ctx, atSite[site].js, streamread.Range{Stream: events.StreamOutcomes}, func(m jetstream.Msg) error {
 			if e, err := events.Decode(m.Headers(), m.Data()); err == nil {
 				if cause, _ := e.Extensions()["causationid"].(string); missing[cause] && ids[cause] == site {
-					atSite[cause] = true
+					held[cause] = true
 				}
 			}
 			return nil
@@ -584,7 +587,7 @@ func atTheirSites(b *bus, ids map[string]string, missing map[string]bool) string
 			return fmt.Sprintf(" (%s's outcomes not read: %v)", site, err)
 		}
 	}
-	return fmt.Sprintf("; %d of them have one at their site", len(atSite))
+	return fmt.Sprintf("; %d of them have one at their site", len(held))
 }
 
 // sitesOf is the set of sites ids names.
