@@ -298,8 +298,11 @@ site's events the hub holds and has not sent it yet (during a cut it grows with
 every event published for the site; the hub keeps them for its retention);
 OLDEST PENDING is the age of the oldest of them, about how long the site has
 been behind; UNCONFIRMED were sent and not yet confirmed by the site's flow control (stored
-there, or lost with a cut and sent again); LAST ACTIVE is when the site last
-took or confirmed one.`,
+there, or lost with a cut and sent again); SOURCED is "ok" when the hub hears
+from its sources of the site's outcomes and dead letters, or names each that
+has been silent 10s or more (during a cut, all; while the site is linked, what
+steward site keep restarts); LAST ACTIVE is when the site last took or
+confirmed one.`,
 		Args: cobra.NoArgs,
 	}
 	out := addOutputFlags(cmd)
@@ -321,13 +324,13 @@ took or confirmed one.`,
 			return printJSON(cmd.OutOrStdout(), sites)
 		}
 		now := time.Now()
-		t := newTable(cmd.OutOrStdout(), "SITE", "LINKED", "PENDING", "OLDEST PENDING", "UNCONFIRMED", "SUBJECTS", "LAST ACTIVE")
+		t := newTable(cmd.OutOrStdout(), "SITE", "LINKED", "PENDING", "OLDEST PENDING", "UNCONFIRMED", "SOURCED", "SUBJECTS", "LAST ACTIVE")
 		for _, s := range sites {
 			active := "never"
 			if s.LastActive != nil {
 				active = ago(now, *s.LastActive)
 			}
-			t.row(s.Name, s.Linked, s.Pending, siteAge(s), s.Unconfirmed, s.Subjects, active)
+			t.row(s.Name, s.Linked, s.Pending, siteAge(s), s.Unconfirmed, siteSourced(s), s.Subjects, active)
 		}
 		if len(sites) == 0 {
 			t.line("(no sites: steward site setup NAME makes one)")

@@ -127,13 +127,13 @@ func summaryCounts(sum ops.InstanceSummary) string {
 // site; a site that cannot be read says why, and nothing of its instances.
 func printSites(t *table, now time.Time, sites []ops.SiteStatus) {
 	t.line("")
-	t.row("SITE", "LINKED", "PENDING", "OLDEST PENDING", "UNCONFIRMED", "INSTANCES")
+	t.row("SITE", "LINKED", "PENDING", "OLDEST PENDING", "UNCONFIRMED", "SOURCED", "INSTANCES")
 	for _, s := range sites {
 		instances := fmt.Sprintf("%d: %s; dead letters %d", s.Total, summaryCounts(s.InstanceSummary), s.DeadLetters)
 		if s.Unreachable != "" {
 			instances = "unreachable: " + s.Unreachable
 		}
-		t.row(s.Name, s.Linked, s.Pending, siteAge(s.Site), s.Unconfirmed, instances)
+		t.row(s.Name, s.Linked, s.Pending, siteAge(s.Site), s.Unconfirmed, siteSourced(s.Site), instances)
 	}
 	for _, s := range sites {
 		if s.Warning != "" {
@@ -153,6 +153,19 @@ func siteAge(s ops.Site) string {
 		return "-"
 	}
 	return roundDur(time.Duration(s.OldestPendingSeconds * float64(time.Second)))
+}
+
+// siteSourced says whether the hub hears from its sources of a site's
+// outcomes and dead letters: "ok", or each silent one and for how long.
+func siteSourced(s ops.Site) string {
+	if len(s.SilentSources) == 0 {
+		return "ok"
+	}
+	var out []string
+	for _, src := range s.SilentSources {
+		out = append(out, src.Stream+" silent "+roundDur(time.Duration(src.SilentSeconds*float64(time.Second))))
+	}
+	return strings.Join(out, ", ")
 }
 
 // printInstances prints the instances of one domain, worst first, and

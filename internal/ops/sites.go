@@ -47,9 +47,44 @@ type Site struct {
 	Subjects int `json:"subjects"`
 	// LastActive is when the site last took or acknowledged an event.
 	LastActive *time.Time `json:"lastActive,omitempty"`
+	// SilentSources are the hub's sources of the site's outcomes and dead
+	// letters that have had no contact with it for DefaultStallAfter or
+	// more: during a cut, all of them; while the site is linked, what
+	// `steward site keep` restarts, its outcomes held at the site until
+	// then.
+	SilentSources []SilentSource `json:"silentSources,omitempty"`
 
 	filters   []string
 	delivered uint64
+}
+
+// SilentSource is one of the hub's sources of a site that has had no
+// contact with it for a while.
+type SilentSource struct {
+	// Stream is the hub's stream that sources the site's of that name.
+	Stream string `json:"stream"`
+	// SilentSeconds is how long ago it last had contact with the site.
+	SilentSeconds float64 `json:"silentSeconds"`
+}
+
+// readSilentSources sets each site's SilentSources from the hub's sources
+// of it: one stream info request per stream, whatever the sites.
+func readSilentSources(ctx context.Context, hub jetstream.JetStream, sites []Site) error {
+	actives, err := siteSourceActivity(ctx, hub)
+	if err != nil {
+		return err
+	}
+	for i := range sites {
+		for _, name := range siteStreams {
+			// A source that has had no contact since the hub set it up
+			// (a negative age) is not shown: nats-server does not say
+			// since when, and every source is so for its first moment.
+			if active, ok := actives[SiteSource{Site: sites[i].Name, Stream: name}]; ok && active >= DefaultStallAfter {
+				sites[i].SilentSources = append(sites[i].SilentSources, SilentSource{Stream: name, SilentSeconds: active.Seconds()})
+			}
+		}
+	}
+	return nil
 }
 
 // siteOf is the site a consumer of the hub's STEWARD_EVENTS serves, when
@@ -99,7 +134,8 @@ func (s *Site) readOldestPending(ctx context.Context, hub jetstream.JetStream, n
 
 // Sites lists the sites set up at this hub (`steward site setup`), one
 // paged listing of STEWARD_EVENTS' consumers, and for each site that is
-// behind, the age of the oldest event it has not been sent.
+// behind, the age of the oldest event it has not been sent, and the hub's
+// sources of it that are silent.
 func Sites(ctx context.Context, js jetstream.JetStream) ([]Site, error) {
 	out, err := listSites(ctx, js)
 	if err != nil {
@@ -110,6 +146,9 @@ func Sites(ctx context.Context, js jetstream.JetStream) ([]Site, error) {
 		if err := out[i].readOldestPending(ctx, js, now); err != nil {
 			return nil, err
 		}
+	}
+	if err := readSilentSources(ctx, js, out); err != nil {
+		return nil, err
 	}
 	slices.SortFunc(out, func(a, b Site) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
@@ -159,6 +198,9 @@ type SiteStatus struct {
 // siteStatuses reads each site's instances through the hub, the sites at
 // once, each bounded by SiteReadTimeout.
 func siteStatuses(ctx context.Context, hub jetstream.JetStream, sites []Site, o StatusOptions, now time.Time) []SiteStatus {
+	// The sources are the hub's own, read at the hub: a failure leaves
+	// them unknown, and the rest of the status stands.
+	_ = readSilentSources(ctx, hub, sites)
 	out := make([]SiteStatus, len(sites))
 	var wg sync.WaitGroup
 	for i, s := range sites {

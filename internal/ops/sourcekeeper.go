@@ -96,24 +96,14 @@ var siteStreams = []string{events.StreamOutcomes, events.StreamDLQ}
 // stream info request per stream.
 func (k *SourceKeeper) Keep(ctx context.Context) ([]SourceRestart, error) {
 	now := k.now()
+	actives, err := siteSourceActivity(ctx, k.hub)
+	if err != nil {
+		return nil, err
+	}
 	silent := map[SiteSource]time.Duration{}
-	for _, name := range siteStreams {
-		st, err := k.hub.Stream(ctx, name)
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("read the hub's %s for its sources: %w", name, err)
-		}
-		for _, si := range st.CachedInfo().Sources {
-			site, ok := events.SiteOf(&jetstream.StreamSource{Name: si.Name, External: si.External}, name)
-			if !ok {
-				continue
-			}
-			src := SiteSource{Site: site, Stream: name}
-			if d := k.silence(src, si.Active, now); d >= k.stallAfter {
-				silent[src] = d
-			}
+	for src, active := range actives {
+		if d := k.silence(src, active, now); d >= k.stallAfter {
+			silent[src] = d
 		}
 	}
 	k.forgetAllBut(silent)
@@ -135,6 +125,29 @@ func (k *SourceKeeper) Keep(ctx context.Context) ([]SourceRestart, error) {
 		delete(k.silentSince, src)
 		err := events.RestartHubSiteSource(ctx, k.hub, src.Stream, src.Site)
 		out = append(out, SourceRestart{SiteSource: src, Silent: d, Err: err})
+	}
+	return out, nil
+}
+
+// siteSourceActivity reads, for each of the hub's sources of a site, how
+// long ago it last had contact with the site, as the hub reports it (a
+// negative age: none since nats-server set the source up): one stream
+// info request per stream.
+func siteSourceActivity(ctx context.Context, hub jetstream.JetStream) (map[SiteSource]time.Duration, error) {
+	out := map[SiteSource]time.Duration{}
+	for _, name := range siteStreams {
+		st, err := hub.Stream(ctx, name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read the hub's %s for its sources: %w", name, err)
+		}
+		for _, si := range st.CachedInfo().Sources {
+			if site, ok := events.SiteOf(&jetstream.StreamSource{Name: si.Name, External: si.External}, name); ok {
+				out[SiteSource{Site: site, Stream: name}] = si.Active
+			}
+		}
 	}
 	return out, nil
 }

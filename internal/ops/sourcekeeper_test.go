@@ -54,6 +54,23 @@ func outcomesAtHub(t *testing.T, hub jetstream.JetStream) map[string]int {
 	return out
 }
 
+// silentSources is what `steward site status` at the hub says of site-a's
+// sources.
+func silentSources(t *testing.T, hub jetstream.JetStream) []ops.SilentSource {
+	t.Helper()
+	sites, err := ops.Sites(context.Background(), hub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sites {
+		if s.Name == "site-a" {
+			return s.SilentSources
+		}
+	}
+	t.Fatalf("the hub lists no site-a: %+v", sites)
+	return nil
+}
+
 // keepUntil runs k's passes, as Run does, until one restarts something,
 // and returns what it restarted; it fails the test if none did within a
 // minute.
@@ -92,11 +109,15 @@ func TestSourceKeeperRestartsAStalledSiteSource(t *testing.T) {
 	first := fmt.Sprintf("rot-%s-1", siteHive)
 	workertest.WaitUntil(t, "the site's first outcome is at the hub", func() bool { return outcomesAtHub(t, ls.hub)[first] == 1 })
 
-	// Healthy: nothing to do, however often it looks.
+	// Healthy: nothing to do, however often it looks, and the hub's
+	// status says it hears from the site.
 	for range 3 {
 		if restarts, err := k.Keep(ctx); err != nil || len(restarts) != 0 {
 			t.Fatalf("the keeper restarted %+v (%v) while the site's sources were in contact; want nothing", restarts, err)
 		}
+	}
+	if silent := silentSources(t, ls.hub); len(silent) != 0 {
+		t.Errorf("steward site status shows silent sources %+v of a healthy site; want none", silent)
 	}
 
 	// Cut: the sources fall silent, but restarting them gains nothing
@@ -111,11 +132,39 @@ func TestSourceKeeperRestartsAStalledSiteSource(t *testing.T) {
 		}
 		ahead.Add(int64(2 * stall))
 	}
-	ls.pair.Restart()
-	workertest.WaitUntil(t, "the relink restarts the hub's sources itself", func() bool {
-		a := hubSource(t, ls.hub, events.StreamOutcomes).Active
-		return a >= 0 && a < stall
+	// The hub's status names both of the cut site's sources as silent
+	// once they have been for ops.DefaultStallAfter.
+	workertest.WaitUntil(t, "steward site status shows both of the cut site's sources silent", func() bool {
+		silent := silentSources(t, ls.hub)
+		return len(silent) == 2 && silent[0].Stream == events.StreamOutcomes && silent[1].Stream == events.StreamDLQ &&
+			silent[0].SilentSeconds >= ops.DefaultStallAfter.Seconds() && silent[1].SilentSeconds >= ops.DefaultStallAfter.Seconds()
 	})
+	// The link back: nats-server's relink retries the sources (both were
+	// in contact 3.5 s after it, without a keeper), and the keeper,
+	// passing as Run does, may restart one still silent when the site has
+	// been linked its stall time, shorter here than that retry: each
+	// restart must be of a source silent that long, and must succeed.
+	ls.pair.Restart()
+	var afterRelink []ops.SourceRestart
+	workertest.WaitUntil(t, "both of the hub's sources of the site are in contact after the relink", func() bool {
+		restarts, err := k.Keep(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		afterRelink = append(afterRelink, restarts...)
+		for _, stream := range []string{events.StreamOutcomes, events.StreamDLQ} {
+			if a := hubSource(t, ls.hub, stream).Active; a < 0 || a >= stall {
+				return false
+			}
+		}
+		return true
+	})
+	for _, r := range afterRelink {
+		if r.Err != nil || r.Silent < stall {
+			t.Errorf("after the relink the keeper restarted %+v; want a source silent the stall time or more, without error", r)
+		}
+		t.Logf("after the relink the keeper restarted the hub's source of %s's %s, silent %v", r.Site, r.Stream, r.Silent.Round(time.Millisecond))
+	}
 
 	// The stall: the site's consumer for the hub goes (as a site's store
 	// lost, or a hand's mistake, would take it), so the hub's source hears
