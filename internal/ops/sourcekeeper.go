@@ -40,7 +40,29 @@ type SourceKeeper struct {
 	// silentSince is when the keeper first saw a source that has had no
 	// contact since nats-server set it up (it reports no age for that).
 	silentSince map[SiteSource]time.Time
-	restarted   map[SiteSource]time.Time
+	// restarted is when the keeper last restarted each source, and how
+	// many times since it was last in contact.
+	restarted map[SiteSource]restart
+}
+
+// restart is the keeper's record of restarting one source.
+type restart struct {
+	at    time.Time
+	count int
+}
+
+// maxRestartBackoff bounds how far apart, in stall times, the keeper
+// restarts a source its restarts have not brought back: each restart
+// scans the hub's stream once, and a source that stays silent through
+// them (its site's consumer gone) must not cost that every few seconds
+// for as long as the hub runs. 16 stall times is 160 s by default, a
+// little over nats-server's own backoff.
+const maxRestartBackoff = 16
+
+// wait is how long after this restart the next may come: the stall time,
+// doubling with each restart that did not bring the source back.
+func (r restart) wait(stall time.Duration) time.Duration {
+	return stall * time.Duration(min(1<<max(r.count-1, 0), maxRestartBackoff))
 }
 
 // SiteSource is one of the hub's sources of a site: its stream
@@ -64,8 +86,9 @@ type KeeperOption func(*SourceKeeper)
 
 // WithStallAfter sets how long a linked site's source may go without
 // contact, and the site be linked, before the keeper restarts it, and how
-// long it leaves a source it restarted before restarting it again
-// (DefaultStallAfter).
+// long it leaves a source it restarted before restarting it again, a time
+// that doubles with each restart that does not bring the source back, up
+// to 16 times it (DefaultStallAfter).
 func WithStallAfter(d time.Duration) KeeperOption {
 	return func(k *SourceKeeper) { k.stallAfter = d }
 }
@@ -75,7 +98,7 @@ func WithStallAfter(d time.Duration) KeeperOption {
 // identity, as `steward site setup` needs).
 func NewSourceKeeper(hub jetstream.JetStream, opts ...KeeperOption) (*SourceKeeper, error) {
 	k := &SourceKeeper{hub: hub, stallAfter: DefaultStallAfter, now: time.Now,
-		linkedSince: map[string]time.Time{}, silentSince: map[SiteSource]time.Time{}, restarted: map[SiteSource]time.Time{}}
+		linkedSince: map[string]time.Time{}, silentSince: map[SiteSource]time.Time{}, restarted: map[SiteSource]restart{}}
 	for _, o := range opts {
 		o(k)
 	}
@@ -90,7 +113,8 @@ var siteStreams = []string{events.StreamOutcomes, events.StreamDLQ}
 
 // Keep makes one pass: it reads the hub's sources of every site, and
 // restarts each that has had no contact for the stall time while its site
-// has been linked as long, unless it restarted it within that time. It
+// has been linked as long, unless it restarted it within that time (or,
+// when its restarts have not brought it back, within the doubled time). It
 // returns what it restarted, each with its error if the restart failed,
 // and an error if the hub could not be read. A healthy hub costs it one
 // stream info request per stream.
@@ -102,8 +126,13 @@ func (k *SourceKeeper) Keep(ctx context.Context) ([]SourceRestart, error) {
 	}
 	silent := map[SiteSource]time.Duration{}
 	for src, active := range actives {
-		if d := k.silence(src, active, now); d >= k.stallAfter {
+		d := k.silence(src, active, now)
+		switch {
+		case d >= k.stallAfter:
 			silent[src] = d
+		case active >= 0:
+			// In contact: its restarts, if any, brought it back.
+			delete(k.restarted, src)
 		}
 	}
 	k.forgetAllBut(silent)
@@ -118,10 +147,11 @@ func (k *SourceKeeper) Keep(ctx context.Context) ([]SourceRestart, error) {
 			}
 			linked[src.Site] = ok
 		}
-		if !ok || now.Sub(k.restarted[src]) < k.stallAfter {
+		last, restarted := k.restarted[src]
+		if !ok || (restarted && now.Sub(last.at) < last.wait(k.stallAfter)) {
 			continue
 		}
-		k.restarted[src] = now
+		k.restarted[src] = restart{at: now, count: last.count + 1}
 		delete(k.silentSince, src)
 		err := events.RestartHubSiteSource(ctx, k.hub, src.Stream, src.Site)
 		out = append(out, SourceRestart{SiteSource: src, Silent: d, Err: err})
@@ -221,11 +251,16 @@ func (k *SourceKeeper) Run(ctx context.Context, interval time.Duration, report f
 	defer t.Stop()
 	for {
 		restarts, err := k.Keep(ctx)
+		// What a pass restarted is reported even when ctx ended in it: a
+		// restart is a change to the hub's stream, never left unlogged.
+		if len(restarts) > 0 {
+			report(restarts, nil)
+		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if len(restarts) > 0 || err != nil {
-			report(restarts, err)
+		if err != nil {
+			report(nil, err)
 		}
 		select {
 		case <-ctx.Done():

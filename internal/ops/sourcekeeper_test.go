@@ -188,6 +188,36 @@ func TestSourceKeeperRestartsAStalledSiteSource(t *testing.T) {
 	}
 	hubSource(t, ls.hub, events.StreamOutcomes)
 
+	// Restarts that do not bring it back (the consumer is still gone)
+	// come further and further apart: each scans the hub's stream, and a
+	// keeper must not do that every few seconds for as long as the hub
+	// runs. Over 30 stall times of the keeper's clock, passes half a stall
+	// apart: without the doubling a restart comes every 2 to 3 stall
+	// times (each waits for the new source's silence and the site's link
+	// to be seen anew); with it, the fourth gap is 8 stall times or more.
+	at := []time.Time{clock()}
+	for range 60 {
+		ahead.Add(int64(stall / 2))
+		restarts, err := k.Keep(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range restarts {
+			if r.SiteSource != (ops.SiteSource{Site: "site-a", Stream: events.StreamOutcomes}) || r.Err != nil {
+				t.Fatalf("the keeper restarted %+v; want only the silent source of site-a's %s, without error", r, events.StreamOutcomes)
+			}
+			at = append(at, clock())
+		}
+	}
+	if len(at) < 5 || len(at) > 7 {
+		t.Fatalf("the keeper restarted a source its restarts did not bring back %d times over 30 stall times (at %v); want 4 to 6, further apart each time", len(at)-1, at)
+	}
+	for i := 1; i < len(at); i++ {
+		if gap, least := at[i].Sub(at[i-1]), stall*time.Duration(min(1<<(i-1), 16)); gap < least {
+			t.Errorf("restart %d came %v after the one before; want at least %v", i+1, gap, least)
+		}
+	}
+
 	// The consumer is made again, as `steward site setup` makes it, and
 	// the site writes an outcome; with the keeper running, it reaches the
 	// hub, and every outcome is there once.
