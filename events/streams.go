@@ -48,6 +48,10 @@ const (
 // an event before the stream has stored it.
 const StoredPrefix = "steward.stored"
 
+// DefaultNotices is StreamConfig.Notices by default: a stored notice of
+// every event, so an instance of any worker kind may read the stream.
+const DefaultNotices = EventsPrefix + ".>"
+
 // ControlSubject is where an operator's tools tell a stream-reading
 // instance to look again at once (after a pause ends, say). The message's
 // content is not read.
@@ -88,6 +92,15 @@ type StreamConfig struct {
 	// DLQMaxBytes bounds STEWARD_DLQ; full, it refuses new dead letters
 	// (the worker keeps the event and retries), never drops stored ones.
 	DLQMaxBytes int64
+	// Notices is the subject filter, under steward.events, of the events
+	// whose stored notices STEWARD_EVENTS republishes on StoredPrefix;
+	// empty, it republishes none. A stream-reading instance wakes on
+	// nothing else, so one whose subjects it does not cover refuses to
+	// start. Each notice costs the server a read of its subject's last
+	// message and a message of its own, whether anyone listens or not: a
+	// bus that no instance reads in stream mode needs none
+	// (docs/benchmarks.md, 2026-12-07).
+	Notices string
 }
 
 // DefaultStreamConfig is one replica, a two-minute dedupe window, thirty
@@ -97,6 +110,7 @@ func DefaultStreamConfig() StreamConfig {
 		Replicas: 1, Dedupe: 2 * time.Minute, Retention: 30 * 24 * time.Hour,
 		MaxConsumers: DefaultMaxConsumers, MaxBytes: DefaultMaxBytes, MaxMsgSize: DefaultMaxMsgSize,
 		DLQMaxAge: DefaultDLQMaxAge, DLQMaxBytes: DefaultDLQMaxBytes,
+		Notices: DefaultNotices,
 	}
 }
 
@@ -114,8 +128,55 @@ func (c StreamConfig) Check() error {
 		return fmt.Errorf("max message size %d: want at least 1024 bytes", c.MaxMsgSize)
 	case c.Retention <= 0 || c.DLQMaxAge <= 0:
 		return fmt.Errorf("retention %v and DLQ max age %v: want both positive", c.Retention, c.DLQMaxAge)
+	case c.Notices != "" && !noticeFilter(c.Notices):
+		return fmt.Errorf("stored notices %q: want %s (every event), a narrower filter under %s ending in .> or naming one subject, or none (empty; steward setup --stored-notices none)", c.Notices, DefaultNotices, EventsPrefix)
 	}
 	return nil
+}
+
+// noticeFilter says whether filter can be the source of STEWARD_EVENTS's
+// stored notices: a subject under steward.events whose only wildcard is a
+// last ">", which the notice's subject maps one to one (StoredSubject).
+func noticeFilter(filter string) bool {
+	rest, ok := strings.CutPrefix(filter, EventsPrefix+".")
+	if !ok {
+		return false
+	}
+	tokens := strings.Split(rest, ".")
+	for i, t := range tokens {
+		last := i == len(tokens)-1
+		if t == "" || strings.ContainsAny(t, "* \t\r\n") || (strings.Contains(t, ">") && (t != ">" || !last)) {
+			return false
+		}
+	}
+	return true
+}
+
+// NoticesCover says whether the stored notices of a stream that
+// republishes source (its RePublish source; empty is every subject) are
+// sent for every subject that subject, a filter, matches.
+func NoticesCover(source, subject string) bool {
+	if source == "" {
+		return true
+	}
+	f, s := strings.Split(source, "."), strings.Split(subject, ".")
+	for i, ft := range f {
+		if ft == ">" {
+			return len(s) > i
+		}
+		if i >= len(s) {
+			return false
+		}
+		switch st := s[i]; {
+		case ft == "*":
+			if st == ">" {
+				return false
+			}
+		case ft != st:
+			return false
+		}
+	}
+	return len(f) == len(s)
 }
 
 // StreamConfigs returns the JetStream configuration of the three streams.
@@ -123,6 +184,11 @@ func (c StreamConfig) Check() error {
 // stored is never dropped to make room, and the publisher is told.
 func (c StreamConfig) StreamConfigs() []jetstream.StreamConfig {
 	replicas := max(c.Replicas, 1)
+	var notices *jetstream.RePublish
+	if c.Notices != "" {
+		// Headers only: a notice, never a second copy of the data.
+		notices = &jetstream.RePublish{Source: c.Notices, Destination: StoredSubject(c.Notices), HeadersOnly: true}
+	}
 	return []jetstream.StreamConfig{
 		{
 			Name: StreamEvents, Subjects: []string{EventsPrefix + ".>"},
@@ -133,8 +199,7 @@ func (c StreamConfig) StreamConfigs() []jetstream.StreamConfig {
 			// the stream) are answered by the stream's own direct-get
 			// responders instead of queueing on the JetStream API.
 			AllowDirect: true,
-			// Headers only: a notice, never a second copy of the data.
-			RePublish:   &jetstream.RePublish{Source: EventsPrefix + ".>", Destination: StoredPrefix + ".>", HeadersOnly: true},
+			RePublish:   notices,
 			Discard:     jetstream.DiscardNew,
 			Description: "Steward state changes, kept for replay",
 		},

@@ -101,3 +101,67 @@ func TestFullStreamRefusesWithTheLimitNamed(t *testing.T) {
 		t.Error("the LimitError does not wrap JetStream's refusal")
 	}
 }
+
+// The stored notices are what StreamConfig.Notices says: every event's by
+// default, one filter's, or none; a filter they cannot be sent for is
+// refused, naming the notices and what is taken.
+func TestStoredNoticesFollowTheConfig(t *testing.T) {
+	for notices, want := range map[string]*jetstream.RePublish{
+		events.DefaultNotices:               {Source: "steward.events.>", Destination: "steward.stored.>", HeadersOnly: true},
+		"steward.events.invitation.>":       {Source: "steward.events.invitation.>", Destination: "steward.stored.invitation.>", HeadersOnly: true},
+		"steward.events.grant.changed.db-1": {Source: "steward.events.grant.changed.db-1", Destination: "steward.stored.grant.changed.db-1", HeadersOnly: true},
+		"":                                  nil,
+	} {
+		c := events.DefaultStreamConfig()
+		c.Notices = notices
+		if err := c.Check(); err != nil {
+			t.Fatalf("stored notices %q refused: %v", notices, err)
+		}
+		got := c.StreamConfigs()[0].RePublish
+		if (got == nil) != (want == nil) || (got != nil && *got != *want) {
+			t.Errorf("stored notices %q give RePublish %+v, want %+v", notices, got, want)
+		}
+	}
+	if got := events.DefaultStreamConfig().Notices; got != events.DefaultNotices {
+		t.Errorf("default stored notices %q, want every event's (%s)", got, events.DefaultNotices)
+	}
+	for _, bad := range []string{"steward.outcomes.>", "steward.events", "steward.events.", ">", "steward.events.*.rotated.>",
+		"steward.events.>.x", "steward.events..x", "steward.events.a b", "steward.events.x>"} {
+		c := events.DefaultStreamConfig()
+		c.Notices = bad
+		err := c.Check()
+		if err == nil || !strings.Contains(err.Error(), "stored notices") || !strings.Contains(err.Error(), "none") {
+			t.Errorf("stored notices %q: %v; want a refusal naming the stored notices and what is taken", bad, err)
+		}
+	}
+}
+
+// NoticesCover is a subset match: every subject the instance's filter
+// matches must be one the notices are sent for.
+func TestNoticesCover(t *testing.T) {
+	for _, c := range []struct {
+		source, subject string
+		want            bool
+	}{
+		{"", "steward.events.credential.rotated.hive-1", true},
+		{"steward.events.>", "steward.events.credential.rotated.hive-1", true},
+		{"steward.events.>", "steward.events.credential.>", true},
+		{"steward.events.>", "steward.events.*.rotated.hive-1", true},
+		{"steward.events.credential.>", "steward.events.credential.rotated.hive-1", true},
+		{"steward.events.credential.>", "steward.events.credential", false},
+		{"steward.events.credential.>", "steward.events.*.rotated.hive-1", false},
+		{"steward.events.credential.>", "steward.events.>", false},
+		{"steward.events.invitation.>", "steward.events.credential.rotated.hive-1", false},
+		{"steward.events.*.rotated.*", "steward.events.credential.rotated.hive-1", true},
+		{"steward.events.*.rotated.*", "steward.events.credential.rotated.>", false},
+		{"steward.events.*.rotated.*", "steward.events.credential.rotated.*", true},
+		{"steward.events.credential.rotated.hive-1", "steward.events.credential.rotated.hive-1", true},
+		{"steward.events.credential.rotated.hive-1", "steward.events.credential.rotated.hive-2", false},
+		{"steward.events.credential.rotated.hive-1", "steward.events.credential.rotated.*", false},
+		{"steward.events.credential.rotated", "steward.events.credential.rotated.hive-1", false},
+	} {
+		if got := events.NoticesCover(c.source, c.subject); got != c.want {
+			t.Errorf("NoticesCover(%q, %q) = %v, want %v", c.source, c.subject, got, c.want)
+		}
+	}
+}

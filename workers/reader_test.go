@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -245,5 +246,54 @@ func TestTheStreamReaderWritesItsCursorOnceQuiet(t *testing.T) {
 	}
 	if writes > 2 {
 		t.Fatalf("the cursor was written %d times for 10 events handled one after the other; want it written once quiet", writes)
+	}
+}
+
+// A stream whose stored notices do not cover an instance's subjects would
+// never wake it between resyncs (its permissions allow it nothing else to
+// listen to): stream mode refuses to start, saying which subject, what the
+// stream sends notices of, and the two ways out. Once the operator's
+// set-up covers it again, the same instance starts and applies.
+func TestTheStreamReaderRefusesAStreamThatSendsNoNoticesOfItsSubjects(t *testing.T) {
+	js := workertest.StartServer(t).JetStream(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	setup := func(notices string) {
+		t.Helper()
+		cfg := events.DefaultBusConfig(1)
+		cfg.Streams.Notices = notices
+		if err := events.SetupBus(ctx, js, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec := newRecorder()
+	h := workers.HandlerFunc(func(ctx context.Context, d *workers.Delivery) error {
+		rec.record(d.Key, versionOf(t, d))
+		return nil
+	})
+	for notices, covered := range map[string]string{
+		"":                                    "sends stored notices of no event",
+		events.EventsPrefix + ".invitation.>": "sends stored notices of only steward.events.invitation.>",
+		events.EventsPrefix + ".credential.rotated.hive-m": "sends stored notices of only steward.events.credential.rotated.hive-m",
+	} {
+		setup(notices)
+		w, err := workers.New(js, hostSpec("hive-n"), h, workers.WithReadMode(workers.ReadStream), workers.WithRegisterer(prometheus.NewRegistry()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = w.Run(ctx)
+		for _, want := range []string{"steward.events.credential.rotated.hive-n", covered, "--stored-notices steward.events.>", "--read-mode consumer"} {
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("with stored notices %q, Run returned %v; want a refusal saying %q", notices, err, want)
+			}
+		}
+	}
+
+	setup(events.DefaultNotices)
+	publishRotation(t, js, "hive-n", 1)
+	r := workertest.Start(t, js, hostSpec("hive-n"), h, workers.WithReadMode(workers.ReadStream))
+	workertest.WaitIdle(t, js, r.ConsumerName())
+	if rec.count(1) != 1 {
+		t.Fatalf("with every event's notices, version 1 was handled %d times, want once", rec.count(1))
 	}
 }

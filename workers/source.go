@@ -40,7 +40,7 @@ type source interface {
 
 func (sr *streamReader) ensure(_ context.Context, stream jetstream.Stream, store *events.Store) error {
 	sr.stream, sr.store = stream, store
-	return nil
+	return sr.woken()
 }
 
 func (sr *streamReader) read(ctx context.Context) (<-chan struct{}, error) {

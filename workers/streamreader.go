@@ -185,26 +185,32 @@ func (sr *streamReader) readPause(ctx context.Context) (time.Time, error) {
 	return p.Until, nil
 }
 
-// runReader reads the instance's subjects from the stream until ctx ends:
-// at start, whenever a subscription says something was stored on them, on
-// a reconnect, and every resync interval.
-// subscribe listens for what wakes the reader: the stored notices of its
-// subjects (or, on a stream set up before them, the subjects themselves)
-// and its control subject, whose messages come on control.
-func (sr *streamReader) subscribe(nc *nats.Conn) (control <-chan struct{}, unsubscribe func(), err error) {
-	// The stream's stored notices say an event is there to read. A stream
-	// set up before them (no RePublish until `steward setup` runs again)
-	// is heard on the event subjects, where a notice can come before the
-	// event is stored: each wake-up then reads again a little later too.
-	notices := sr.stream.CachedInfo().Config.RePublish != nil
-	wake := func(*nats.Msg) { sr.signal() }
-	if !notices {
-		wake = func(*nats.Msg) {
-			sr.signal()
-			time.AfterFunc(100*time.Millisecond, sr.signal)
-			time.AfterFunc(time.Second, sr.signal)
+// woken refuses a stream whose stored notices do not cover every subject
+// of the instance: the reader wakes on nothing else (a subscriber to the
+// event subject itself could hear of an event before it is stored, and a
+// host's permissions allow only its notices), so it would read only at
+// its resyncs, minutes apart.
+func (sr *streamReader) woken() error {
+	rp := sr.stream.CachedInfo().Config.RePublish
+	for _, subj := range sr.spec.Subjects {
+		if rp != nil && events.NoticesCover(rp.Source, subj) {
+			continue
 		}
+		covered := "no event"
+		if rp != nil {
+			covered = "only " + rp.Source
+		}
+		return fmt.Errorf("%s cannot read %s in stream mode: %s sends stored notices of %s (steward setup --stored-notices), and a stream-reading instance is woken by nothing else; run `steward setup --stored-notices %s` (the default) as the operator, or run the instance with --read-mode consumer",
+			sr.consumerName(), subj, events.StreamEvents, covered, events.DefaultNotices)
 	}
+	return nil
+}
+
+// subscribe listens for what wakes the reader: the stored notices of its
+// subjects (woken checked at start that the stream sends them) and its
+// control subject, whose messages come on control.
+func (sr *streamReader) subscribe(nc *nats.Conn) (control <-chan struct{}, unsubscribe func(), err error) {
+	wake := func(*nats.Msg) { sr.signal() }
 	ch := make(chan struct{}, 1)
 	var subs []*nats.Subscription
 	unsubscribe = func() {
@@ -223,10 +229,7 @@ func (sr *streamReader) subscribe(nc *nats.Conn) (control <-chan struct{}, unsub
 	}
 	subs = append(subs, csub)
 	for _, subj := range sr.spec.Subjects {
-		on := subj
-		if notices {
-			on = events.StoredSubject(subj)
-		}
+		on := events.StoredSubject(subj)
 		sub, err := nc.Subscribe(on, wake)
 		if err != nil {
 			unsubscribe()
@@ -258,6 +261,9 @@ func (sr *streamReader) paused(ctx context.Context, was time.Time) time.Time {
 	return until
 }
 
+// run reads the instance's subjects from the stream until ctx ends: at
+// start, whenever a stored notice says something was stored on them, on a
+// reconnect, and every resync interval.
 func (sr *streamReader) run(ctx context.Context) error {
 	nc := sr.js.Conn()
 	control, unsubscribe, err := sr.subscribe(nc)

@@ -29,7 +29,12 @@ import (
 // root would (its persistent flags are set on g directly).
 func opsRun(t *testing.T, url string, mk func(*globals) *cobra.Command, args ...string) (string, string, error) {
 	t.Helper()
-	g := &globals{natsURL: url, replicas: 1, log: zerolog.Nop()}
+	return opsRunAs(t, &globals{natsURL: url, replicas: 1, log: zerolog.Nop()}, mk, args...)
+}
+
+// opsRunAs is opsRun with the root's settings in g (a --document-key, say).
+func opsRunAs(t *testing.T, g *globals, mk func(*globals) *cobra.Command, args ...string) (string, string, error) {
+	t.Helper()
 	cmd := mk(g)
 	var stdout, stderr bytes.Buffer
 	cmd.SetOut(&stdout)

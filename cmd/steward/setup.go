@@ -19,6 +19,7 @@ func newSetupCmd(g *globals) *cobra.Command {
 		cfg          = events.DefaultBusConfig(1)
 		maxMsgSize   int
 		cpValueBytes int
+		notices      string
 	)
 	cmd := &cobra.Command{
 		Use:   "setup",
@@ -32,13 +33,20 @@ only what is missing, with the defaults, and never reset these limits.
 A stream at a limit refuses new messages (the publisher sees the error naming
 the limit and the flag here that raises it); it never drops stored ones.
 --max-consumers must hold every worker instance of the fleet (one consumer each)
-and a few for tools. Every flag has its STEWARD_* twin (--max-consumers is
+and a few for tools. --stored-notices is what STEWARD_EVENTS tells stream-reading
+instances (--read-mode stream) about: the default covers every event; a bus no
+instance reads in stream mode needs none, and saves the server a message an
+event. Every flag has its STEWARD_* twin (--max-consumers is
 STEWARD_MAX_CONSUMERS).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Streams.Replicas = g.replicas
 			cfg.Streams.MaxMsgSize = int32(maxMsgSize)
 			cfg.CheckpointMaxValueSize = int32(cpValueBytes)
+			cfg.Streams.Notices = notices
+			if notices == "none" {
+				cfg.Streams.Notices = ""
+			}
 			if maxMsgSize != int(cfg.Streams.MaxMsgSize) || cpValueBytes != int(cfg.CheckpointMaxValueSize) {
 				return fmt.Errorf("--max-msg-size %d and --checkpoint-max-value-size %d: want each below 2 GiB", maxMsgSize, cpValueBytes)
 			}
@@ -61,6 +69,11 @@ STEWARD_MAX_CONSUMERS).`,
 				fmt.Fprintf(out, "stream %s: replicas %d, max age %v, max bytes %d, max message size %d, max consumers %d, discard new\n",
 					sc.Name, sc.Replicas, sc.MaxAge, sc.MaxBytes, sc.MaxMsgSize, sc.MaxConsumers)
 			}
+			storedNotices := "none (no instance may read it in stream mode)"
+			if cfg.Streams.Notices != "" {
+				storedNotices = cfg.Streams.Notices + " on " + events.StoredSubject(cfg.Streams.Notices)
+			}
+			fmt.Fprintf(out, "stored notices of %s: %s\n", events.StreamEvents, storedNotices)
 			fmt.Fprintf(out, "bucket %s: replicas %d, max bytes %d, max value size %d\n",
 				events.CheckpointBucket, cfg.Streams.Replicas, cfg.CheckpointMaxBytes, cfg.CheckpointMaxValueSize)
 			var u events.Upgrade
@@ -82,6 +95,7 @@ STEWARD_MAX_CONSUMERS).`,
 	fs.Int64Var(&cfg.Streams.DLQMaxBytes, "dlq-max-bytes", events.DefaultDLQMaxBytes, "bytes STEWARD_DLQ may hold; full, it refuses new dead letters (the worker keeps retrying the event)")
 	fs.Int64Var(&cfg.CheckpointMaxBytes, "checkpoint-max-bytes", events.DefaultCheckpointMaxBytes, "bytes the checkpoint bucket may hold")
 	fs.IntVar(&cpValueBytes, "checkpoint-max-value-size", events.DefaultCheckpointMaxValueSize, "the largest checkpoint (with the stage a handler saved), in bytes")
+	fs.StringVar(&notices, "stored-notices", events.DefaultNotices, "the events STEWARD_EVENTS sends stored notices of, which stream-reading instances wake on: a filter under steward.events ending in .> or naming one subject, or none")
 	return cmd
 }
 

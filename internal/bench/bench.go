@@ -74,7 +74,8 @@ type Options struct {
 	Rounds int
 	// StreamCosts adds the raw Ack paths on the STEWARD_EVENTS-shaped
 	// stream with one of its costs switched off each (ShapedNoNotices,
-	// ShapedNoMsgID, ShapedSmallHeaders).
+	// ShapedNoMsgID, ShapedSmallHeaders), and the runtime on
+	// STEWARD_EVENTS without its stored notices (RuntimeWithoutNotices).
 	StreamCosts bool
 	// External, when set, adds a path measured by a program of its own.
 	External *External
@@ -131,6 +132,7 @@ func allPaths(external string) []path {
 	return []path{
 		{name: runtimePath, measure: (*Env).Runtime, into: func(r *Round) *Measure { return &r.Runtime }},
 		{name: outcomePath, measure: (*Env).RuntimeOutcome, into: func(r *Round) *Measure { return &r.RuntimeOutcome }},
+		{name: runtimeNoNoticesPath, measure: (*Env).RuntimeWithoutNotices, into: func(r *Round) *Measure { return &r.RuntimeNoNotices }, wanted: costs},
 		rawPath(Ack, Plain, func(r *Round) *Measure { return &r.RawAck }, nil),
 		rawPath(DoubleAck, Plain, func(r *Round) *Measure { return &r.RawDouble }, nil),
 		rawPath(ValidatingDoubleAck, Plain, func(r *Round) *Measure { return &r.RawValidating }, nil),

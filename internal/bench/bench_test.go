@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -75,7 +76,10 @@ func TestRunMeasuresEveryPath(t *testing.T) {
 	if cpu && res.OutcomeCPU() <= 0 {
 		t.Fatalf("outcome CPU ratio %v", res.OutcomeCPU())
 	}
-	for _, want := range []string{"/event", "B/event", "published", "runtime / test child p99 handler", "raw Ack against itself on STEWARD_EVENTS-shaped", "runtime emitting an outcome / runtime CPU per event"} {
+	if res.NoNoticesHandlerRatio() <= 0 || res.NoNoticesDoubleAckRatio() <= 0 {
+		t.Fatalf("ratios without stored notices %v and %v", res.NoNoticesHandlerRatio(), res.NoNoticesDoubleAckRatio())
+	}
+	for _, want := range []string{"/event", "B/event", "published", "runtime / test child p99 handler", "raw Ack against itself on STEWARD_EVENTS-shaped", "runtime emitting an outcome / runtime CPU per event", "runtime without stored notices / runtime p99 handler"} {
 		if !strings.Contains(report, want) {
 			t.Fatalf("the report leaves out %q:\n%s", want, report)
 		}
@@ -162,7 +166,7 @@ func TestRunLeavesOutWhatItIsNotAskedFor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.NoNotices.Events != 0 || res.NoMsgID.Events != 0 || res.SmallHeaders.Events != 0 || res.External.Events != 0 {
+	if res.NoNotices.Events != 0 || res.NoMsgID.Events != 0 || res.SmallHeaders.Events != 0 || res.External.Events != 0 || res.RuntimeNoNotices.Events != 0 {
 		t.Fatalf("paths not asked for ran: %+v", res.Round)
 	}
 	if res.RawAck.Events != 100 || res.ShapedAck.Events != 100 {
@@ -170,6 +174,59 @@ func TestRunLeavesOutWhatItIsNotAskedFor(t *testing.T) {
 	}
 	if report := res.String(); strings.Contains(report, ShapedNoNotices.String()) || strings.Contains(report, "p99 handler, ") {
 		t.Fatalf("the report names paths that did not run:\n%s", report)
+	}
+}
+
+// TestRuntimeWithoutNoticesRunsWithoutThem proves the runtime's turn
+// without stored notices runs on STEWARD_EVENTS republishing none (and the
+// runtime's own turn on it republishing one an event), and that the
+// stream has its notices again after it.
+func TestRuntimeWithoutNoticesRunsWithoutThem(t *testing.T) {
+	ctx := context.Background()
+	env, err := Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	var notices atomic.Int64
+	sub, err := env.subNC.Subscribe(events.StoredPrefix+".>", func(*nats.Msg) { notices.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	o := Options{Events: 100, Keys: 4, Timeout: time.Minute}
+	for _, turn := range []struct {
+		name    string
+		measure func(*Env, context.Context, Options) (Measure, error)
+		want    int64
+	}{
+		{"without stored notices", (*Env).RuntimeWithoutNotices, 0},
+		{"with them", (*Env).Runtime, 100},
+	} {
+		notices.Store(0)
+		m, err := turn.measure(env, ctx, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Every event is settled, so every notice was sent before the
+		// flush's answer; the subscription's handler may still be
+		// counting the last ones.
+		if err := env.subNC.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(5 * time.Second); notices.Load() < turn.want && time.Now().Before(deadline); {
+			runtime.Gosched()
+		}
+		if m.Events != 100 || notices.Load() != turn.want {
+			t.Fatalf("the runtime %s settled %d events with %d stored notices, want 100 with %d", turn.name, m.Events, notices.Load(), turn.want)
+		}
+	}
+	s, err := env.pubJS.Stream(ctx, events.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rp := s.CachedInfo().Config.RePublish; rp == nil || rp.Source != events.DefaultNotices {
+		t.Fatalf("after the turns, STEWARD_EVENTS republishes %+v, want every event's stored notices again", rp)
 	}
 }
 

@@ -93,6 +93,9 @@ type Round struct {
 	Runtime Measure
 	// RuntimeOutcome is the runtime whose handler emits an outcome.
 	RuntimeOutcome Measure
+	// RuntimeNoNotices is the runtime on STEWARD_EVENTS without its stored
+	// notices (Options.StreamCosts).
+	RuntimeNoNotices Measure
 	// RawAck, RawDouble, RawValidating and RawCheckpointing read the
 	// plain stream.
 	RawAck           Measure
@@ -168,6 +171,19 @@ func (r Round) ExternalHandlerRatio() float64 {
 // outcome adds.
 func (r Round) OutcomeCPU() float64 {
 	return ratio(float64(r.RuntimeOutcome.CPU), float64(r.Runtime.CPU))
+}
+
+// NoNoticesHandlerRatio is the runtime's p99 publish-to-handler without
+// the stored notices over its own with them: below 1, what the notices
+// cost its tail.
+func (r Round) NoNoticesHandlerRatio() float64 {
+	return ratio(float64(r.RuntimeNoNotices.Handler.P99), float64(r.Runtime.Handler.P99))
+}
+
+// NoNoticesDoubleAckRatio is HandlerRatio for the runtime without the
+// stored notices.
+func (r Round) NoNoticesDoubleAckRatio() float64 {
+	return ratio(float64(r.RuntimeNoNotices.Handler.P99), float64(r.RawDouble.Handler.P99))
 }
 
 // Cost compares the raw Ack path on one layout with the same path on the
@@ -247,6 +263,12 @@ func (r Result) ExternalHandlerRatio() float64 { return r.median(Round.ExternalH
 
 // OutcomeCPU is the median over the rounds of Round.OutcomeCPU.
 func (r Result) OutcomeCPU() float64 { return r.median(Round.OutcomeCPU) }
+
+// NoNoticesHandlerRatio is the median of the rounds' NoNoticesHandlerRatio.
+func (r Result) NoNoticesHandlerRatio() float64 { return r.median(Round.NoNoticesHandlerRatio) }
+
+// NoNoticesDoubleAckRatio is the median of the rounds' NoNoticesDoubleAckRatio.
+func (r Result) NoNoticesDoubleAckRatio() float64 { return r.median(Round.NoNoticesDoubleAckRatio) }
 
 // Cost is the median over the rounds of each figure of Round.Cost.
 func (r Result) Cost(l Layout) Cost {
@@ -344,6 +366,10 @@ func (r Result) String() string {
 	if r.Round.RuntimeOutcome.Events > 0 {
 		out += fmt.Sprintf("runtime emitting an outcome / runtime CPU per event: %.2f\n", r.OutcomeCPU())
 	}
+	if r.Round.RuntimeNoNotices.Events > 0 {
+		out += fmt.Sprintf("runtime without stored notices / runtime p99 handler: %.2f; / raw DoubleAck p99 handler: %.2f\n",
+			r.NoNoticesHandlerRatio(), r.NoNoticesDoubleAckRatio())
+	}
 	if costs := r.costsRun(); len(costs) > 0 {
 		out += fmt.Sprintf("raw Ack against itself on %s: rates as multiples of its, p99 handler and CPU per event as fractions of its\n", Shaped)
 		for _, l := range costs {
@@ -370,6 +396,10 @@ func (r Result) String() string {
 		}
 		if r.Round.RuntimeOutcome.Events > 0 {
 			out += fmt.Sprintf("; outcome CPU %s", each(Round.OutcomeCPU))
+		}
+		if r.Round.RuntimeNoNotices.Events > 0 {
+			out += fmt.Sprintf("; without stored notices, p99 handler %s (against raw DoubleAck %s)",
+				each(Round.NoNoticesHandlerRatio), each(Round.NoNoticesDoubleAckRatio))
 		}
 		for _, l := range r.costsRun() {
 			out += fmt.Sprintf("; %s %s (CPU %s)", l, each(func(x Round) float64 { return x.Cost(l).Consume }),

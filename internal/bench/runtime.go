@@ -15,8 +15,9 @@ import (
 // runtimePath and outcomePath name the runtime's paths as the report, its
 // progress lines and errors do.
 const (
-	runtimePath = "runtime (no-op worker)"
-	outcomePath = "runtime, emitting an outcome"
+	runtimePath          = "runtime (no-op worker)"
+	outcomePath          = "runtime, emitting an outcome"
+	runtimeNoNoticesPath = "runtime, no stored notices"
 )
 
 // Runtime publishes the events to STEWARD_EVENTS and waits until the
@@ -33,6 +34,25 @@ func (e *Env) Runtime(ctx context.Context, o Options) (Measure, error) {
 // storing an outcome cost shows against Runtime in the same run.
 func (e *Env) RuntimeOutcome(ctx context.Context, o Options) (Measure, error) {
 	return e.runtime(ctx, o, outcomePath, true)
+}
+
+// RuntimeWithoutNotices is Runtime on the streams `steward setup
+// --stored-notices none` makes: STEWARD_EVENTS republishes no stored
+// notices during the turn, and is set up again as before it once the turn
+// is over. What the notices cost the runtime shows against Runtime in the
+// same run.
+func (e *Env) RuntimeWithoutNotices(ctx context.Context, o Options) (m Measure, err error) {
+	without := events.DefaultBusConfig(1)
+	without.Streams.Notices = ""
+	if err := events.SetupBus(ctx, e.pubJS, without); err != nil {
+		return Measure{}, fmt.Errorf("set up the bus without stored notices: %w", err)
+	}
+	defer func() {
+		if serr := events.SetupBus(context.WithoutCancel(ctx), e.pubJS, events.DefaultBusConfig(1)); serr != nil && err == nil {
+			err = fmt.Errorf("set up the bus with its stored notices again: %w", serr)
+		}
+	}()
+	return e.runtime(ctx, o, runtimeNoNoticesPath, false)
 }
 
 // benchApplied is the outcome RuntimeOutcome's handler emits: about the
