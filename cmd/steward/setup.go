@@ -43,9 +43,16 @@ STEWARD_MAX_CONSUMERS).`,
 			cfg.Streams.Replicas = g.replicas
 			cfg.Streams.MaxMsgSize = int32(maxMsgSize)
 			cfg.CheckpointMaxValueSize = int32(cpValueBytes)
-			cfg.Streams.Notices = notices
-			if notices == "none" {
+			// Empty is refused, not read as none: an environment twin
+			// left empty (a compose file's unset variable) would otherwise
+			// turn the notices off, and every stream reader with them.
+			switch notices {
+			case "":
+				return fmt.Errorf("--stored-notices is empty: want %s (the default, every event), a narrower filter under %s, or none", events.DefaultNotices, events.EventsPrefix)
+			case "none":
 				cfg.Streams.Notices = ""
+			default:
+				cfg.Streams.Notices = notices
 			}
 			if maxMsgSize != int(cfg.Streams.MaxMsgSize) || cpValueBytes != int(cfg.CheckpointMaxValueSize) {
 				return fmt.Errorf("--max-msg-size %d and --checkpoint-max-value-size %d: want each below 2 GiB", maxMsgSize, cpValueBytes)

@@ -63,6 +63,10 @@ func TestSetupSetsTheStoredNotices(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `stored notices "steward.outcomes.>"`) || !strings.Contains(err.Error(), "none") {
 		t.Fatalf("steward setup --stored-notices steward.outcomes.>: %v; want a refusal naming the notices and what is taken", err)
 	}
+	// An empty value (an environment twin left empty) is not none.
+	if _, err := setup("--stored-notices", ""); err == nil || !strings.Contains(err.Error(), "--stored-notices is empty") {
+		t.Fatalf("steward setup --stored-notices '': %v; want a refusal saying it is empty", err)
+	}
 	if got := republish(); got != "steward.events.invitation.> -> steward.stored.invitation.>" {
 		t.Fatalf("a refused setup changed the stored notices to %s", got)
 	}

@@ -12,8 +12,8 @@ import (
 	"github.com/steward-dev/steward/workers"
 )
 
-// runtimePath and outcomePath name the runtime's paths as the report, its
-// progress lines and errors do.
+// runtimePath, outcomePath and runtimeNoNoticesPath name the runtime's
+// paths as the report, its progress lines and errors do.
 const (
 	runtimePath          = "runtime (no-op worker)"
 	outcomePath          = "runtime, emitting an outcome"
@@ -42,14 +42,16 @@ func (e *Env) RuntimeOutcome(ctx context.Context, o Options) (Measure, error) {
 // is over. What the notices cost the runtime shows against Runtime in the
 // same run.
 func (e *Env) RuntimeWithoutNotices(ctx context.Context, o Options) (m Measure, err error) {
-	without := events.DefaultBusConfig(1)
-	without.Streams.Notices = ""
-	if err := events.SetupBus(ctx, e.pubJS, without); err != nil {
-		return Measure{}, fmt.Errorf("set up the bus without stored notices: %w", err)
+	// Only the streams: the bucket is as setUp left it.
+	with := events.DefaultBusConfig(1).Streams
+	without := with
+	without.Notices = ""
+	if err := events.EnsureStreams(ctx, e.pubJS, without); err != nil {
+		return Measure{}, fmt.Errorf("set up the streams without stored notices: %w", err)
 	}
 	defer func() {
-		if serr := events.SetupBus(context.WithoutCancel(ctx), e.pubJS, events.DefaultBusConfig(1)); serr != nil && err == nil {
-			err = fmt.Errorf("set up the bus with its stored notices again: %w", serr)
+		if serr := events.EnsureStreams(context.WithoutCancel(ctx), e.pubJS, with); serr != nil && err == nil {
+			err = fmt.Errorf("set up the streams with their stored notices again: %w", serr)
 		}
 	}()
 	return e.runtime(ctx, o, runtimeNoNoticesPath, false)
