@@ -109,11 +109,11 @@ func runBenchMemory(ctx context.Context, o memoryOptions) (rows []memoryRow, err
 		return nil, fmt.Errorf("the bench's folder: %w", err)
 	}
 	defer cleanup()
-	ports, err := freePorts(3)
+	ports, err := freePorts(2)
 	if err != nil {
 		return nil, fmt.Errorf("free ports: %w", err)
 	}
-	o.natsPort, o.httpPort, o.wPort = ports[0], ports[1], ports[2]
+	o.natsPort, o.httpPort = ports[0], ports[1]
 	devExe, err := privateCopy(o.exe, filepath.Join(dir, "steward-dev"))
 	if err != nil {
 		return nil, err
@@ -152,16 +152,33 @@ func runBenchMemory(ctx context.Context, o memoryOptions) (rows []memoryRow, err
 			}
 		}
 	}
-	w, err := startBenchWorker(ctx, o, dir)
-	if err != nil {
-		return nil, err
+	// The worker's port is picked as it starts, not with dev's: dev's two
+	// starts gave other processes seconds to take a port picked before
+	// them (CI once failed so), and a port taken all the same in the
+	// moment before the worker binds it is picked again.
+	var w *benchProcess
+	var workerHTTP string
+	for try := 1; ; try++ {
+		ports, err := freePorts(1)
+		if err != nil {
+			return nil, fmt.Errorf("free ports: %w", err)
+		}
+		o.wPort = ports[0]
+		if w, err = startBenchWorker(ctx, o, dir); err != nil {
+			return nil, err
+		}
+		workerHTTP = fmt.Sprintf("http://127.0.0.1:%d", o.wPort)
+		o.progress("worker credential: waiting for %s/readyz", workerHTTP)
+		err = w.waitReady(ctx, workerHTTP+"/readyz", o.timeout)
+		if err == nil {
+			break
+		}
+		w.stop()
+		if try == 3 || !strings.Contains(err.Error(), "address already in use") {
+			return nil, fmt.Errorf("worker credential: %w", err)
+		}
 	}
 	defer w.stop()
-	workerHTTP := fmt.Sprintf("http://127.0.0.1:%d", o.wPort)
-	o.progress("worker credential: waiting for %s/readyz", workerHTTP)
-	if err := w.waitReady(ctx, workerHTTP+"/readyz", o.timeout); err != nil {
-		return nil, fmt.Errorf("worker credential: %w", err)
-	}
 	m, err := w.measure(ctx, o.settle, workerHTTP+"/metrics")
 	if err != nil {
 		return nil, fmt.Errorf("worker credential: %w", err)
