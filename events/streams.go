@@ -156,10 +156,15 @@ func noticeFilter(filter string) bool {
 // republishes source (its RePublish source; empty is every subject) are
 // sent for every subject that subject, a filter, matches.
 func NoticesCover(source, subject string) bool {
-	if source == "" {
-		return true
-	}
-	f, s := strings.Split(source, "."), strings.Split(subject, ".")
+	return source == "" || FilterCovers(source, subject)
+}
+
+// FilterCovers says whether filter matches, by NATS's wildcards ("*" one
+// token, a last ">" one or more), every subject that subject matches:
+// subject itself when it is literal, or each one a filter of its own
+// stands for.
+func FilterCovers(filter, subject string) bool {
+	f, s := strings.Split(filter, "."), strings.Split(subject, ".")
 	for i, ft := range f {
 		if ft == ">" {
 			return len(s) > i

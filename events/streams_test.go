@@ -136,8 +136,9 @@ func TestStoredNoticesFollowTheConfig(t *testing.T) {
 	}
 }
 
-// NoticesCover is a subset match: every subject the instance's filter
-// matches must be one the notices are sent for.
+// NoticesCover is a subset match (FilterCovers) with empty meaning every
+// subject: every subject the instance's filter matches must be one the
+// notices are sent for, and a literal subject matches as NATS matches it.
 func TestNoticesCover(t *testing.T) {
 	for _, c := range []struct {
 		source, subject string
@@ -159,6 +160,15 @@ func TestNoticesCover(t *testing.T) {
 		{"steward.events.credential.rotated.hive-1", "steward.events.credential.rotated.hive-2", false},
 		{"steward.events.credential.rotated.hive-1", "steward.events.credential.rotated.*", false},
 		{"steward.events.credential.rotated", "steward.events.credential.rotated.hive-1", false},
+		// Literal subjects, as a key-value bucket's keys are matched.
+		{"a.b", "a.b", true},
+		{"a.b", "a.c", false},
+		{"a.*", "a.b", true},
+		{"a.*", "a.b.c", false},
+		{"a.>", "a.b.c", true},
+		{"a.>", "a", false},
+		{"*.b", "a.b", true},
+		{"a.b.c", "a.b", false},
 	} {
 		if got := events.NoticesCover(c.source, c.subject); got != c.want {
 			t.Errorf("NoticesCover(%q, %q) = %v, want %v", c.source, c.subject, got, c.want)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -28,13 +29,13 @@ import (
 
 // memoryOptions are bench memory's flags.
 type memoryOptions struct {
-	settle, timeout           time.Duration
-	devTarget, workerTarget   float64
-	dir                       string
-	keepDir                   bool
-	exe                       string
-	progress                  func(format string, args ...any)
-	natsPort, httpPort, wPort int
+	settle, timeout         time.Duration
+	devTarget, workerTarget float64
+	dir                     string
+	keepDir                 bool
+	exe                     string
+	progress                func(format string, args ...any)
+	natsPort, httpPort      int
 }
 
 // devReadyLine is what dev prints last once everything runs.
@@ -152,33 +153,23 @@ func runBenchMemory(ctx context.Context, o memoryOptions) (rows []memoryRow, err
 			}
 		}
 	}
-	// The worker's port is picked as it starts, not with dev's: dev's two
-	// starts gave other processes seconds to take a port picked before
-	// them (CI once failed so), and a port taken all the same in the
-	// moment before the worker binds it is picked again.
-	var w *benchProcess
-	var workerHTTP string
-	for try := 1; ; try++ {
-		ports, err := freePorts(1)
-		if err != nil {
-			return nil, fmt.Errorf("free ports: %w", err)
-		}
-		o.wPort = ports[0]
-		if w, err = startBenchWorker(ctx, o, dir); err != nil {
-			return nil, err
-		}
-		workerHTTP = fmt.Sprintf("http://127.0.0.1:%d", o.wPort)
-		o.progress("worker credential: waiting for %s/readyz", workerHTTP)
-		err = w.waitReady(ctx, workerHTTP+"/readyz", o.timeout)
-		if err == nil {
-			break
-		}
-		w.stop()
-		if try == 3 || !strings.Contains(err.Error(), "address already in use") {
-			return nil, fmt.Errorf("worker credential: %w", err)
-		}
+	w, err := startBenchWorker(ctx, o, dir)
+	if err != nil {
+		return nil, err
 	}
 	defer w.stop()
+	// The worker binds a port the system picks and logs it: a port picked
+	// here beforehand could be taken by the time the worker binds it (CI
+	// once failed so, after dev's two starts).
+	addr, err := w.waitForLog(workerBound, o.timeout)
+	if err != nil {
+		return nil, fmt.Errorf("worker credential: %w", err)
+	}
+	workerHTTP := "http://" + addr
+	o.progress("worker credential: waiting for %s/readyz", workerHTTP)
+	if err := w.waitReady(ctx, workerHTTP+"/readyz", o.timeout); err != nil {
+		return nil, fmt.Errorf("worker credential: %w", err)
+	}
 	m, err := w.measure(ctx, o.settle, workerHTTP+"/metrics")
 	if err != nil {
 		return nil, fmt.Errorf("worker credential: %w", err)
@@ -223,7 +214,7 @@ func startBenchWorker(ctx context.Context, o memoryOptions, dir string) (*benchP
 		"worker", credential.Name,
 		"--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", o.natsPort),
 		"--nats-creds", filepath.Join(devDir, devstack.CredsDir, id.Name()+".creds"),
-		"--http-addr", fmt.Sprintf("127.0.0.1:%d", o.wPort),
+		"--http-addr", "127.0.0.1:0",
 		"--hive", cfg.Hive, "--controller-key", cfg.ControllerKey, "--age-identity", cfg.AgeIdentity,
 		"--credential-dir", filepath.Join(dir, "worker-files"))
 }
@@ -338,6 +329,30 @@ func (p *benchProcess) waitForLine(want string, timeout time.Duration) error {
 			return fmt.Errorf("exited (%v) before it printed %q: %s", p.waitErr, want, p.logTail())
 		case <-deadline:
 			return fmt.Errorf("did not print %q within %v: %s", want, timeout, p.logTail())
+		}
+	}
+}
+
+// workerBound finds, in a worker's JSON log, the address it serves
+// /metrics on (runWorker logs it once bound).
+var workerBound = regexp.MustCompile(`"addr":"([^"]+)".*"serving /metrics`)
+
+// waitForLog waits until the process's log holds a line re matches, and
+// returns the line's first submatch.
+func (p *benchProcess) waitForLog(re *regexp.Regexp, timeout time.Duration) (string, error) {
+	deadline := time.After(timeout)
+	for {
+		if raw, err := os.ReadFile(p.log); err == nil {
+			if m := re.FindSubmatch(raw); m != nil {
+				return string(m[1]), nil
+			}
+		}
+		select {
+		case <-p.exited:
+			return "", fmt.Errorf("exited (%v) before its log said where it serves: %s", p.waitErr, p.logTail())
+		case <-deadline:
+			return "", fmt.Errorf("its log did not say where it serves within %v: %s", timeout, p.logTail())
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }

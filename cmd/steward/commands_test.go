@@ -525,10 +525,9 @@ func TestWorkerProcess(t *testing.T) {
 		"STEWARD_CONTROLLER_KEY=" + cfg.ControllerKey,
 	}, "worker", "credential")
 	// The bound address is in the JSON log line that announces it.
-	bound := regexp.MustCompile(`"addr":"(127\.0\.0\.1:\d+)".*"serving /metrics`)
 	var addr string
 	workertest.WaitUntil(t, "the worker logs its HTTP address", func() bool {
-		m := bound.FindStringSubmatch(p.errors())
+		m := workerBound.FindStringSubmatch(p.errors())
 		if m != nil {
 			addr = m[1]
 		}

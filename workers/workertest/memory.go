@@ -432,7 +432,7 @@ func (r *Runner) failPublish(msg *nats.Msg, stream string) (err error) {
 // consumes says whether a worker of spec is delivered events stored on
 // subject: one of its Subjects matches it, as its consumer's filter does.
 func consumes(spec workers.Spec, subject string) bool {
-	return slices.ContainsFunc(spec.Subjects, func(f string) bool { return memory.SubjectMatches(f, subject) })
+	return slices.ContainsFunc(spec.Subjects, func(f string) bool { return events.FilterCovers(f, subject) })
 }
 
 // subjectOf is where a publisher would have put e: its kind's subject for

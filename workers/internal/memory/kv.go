@@ -4,11 +4,12 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/steward-dev/steward/events"
 )
 
 // KV is a key-value bucket in memory with the rules of a JetStream bucket
@@ -119,7 +120,7 @@ func (kv *KV) ListKeysFiltered(_ context.Context, filters ...string) (jetstream.
 	kv.mu.Lock()
 	var keys []string
 	for k, e := range kv.entries {
-		if !e.deleted && slices.ContainsFunc(filters, func(f string) bool { return SubjectMatches(f, k) }) {
+		if !e.deleted && slices.ContainsFunc(filters, func(f string) bool { return events.FilterCovers(f, k) }) {
 			keys = append(keys, k)
 		}
 	}
@@ -138,23 +139,6 @@ type keyList chan string
 
 func (l keyList) Keys() <-chan string { return l }
 func (l keyList) Stop() error         { return nil }
-
-// SubjectMatches says whether subject matches filter, by NATS's wildcards:
-// "*" stands for one token, a final ">" for one or more.
-func SubjectMatches(filter, subject string) bool {
-	f, s := strings.Split(filter, "."), strings.Split(subject, ".")
-	for i, tok := range f {
-		switch {
-		case tok == ">" && i == len(f)-1:
-			return len(s) > i
-		case i >= len(s):
-			return false
-		case tok != "*" && tok != s[i]:
-			return false
-		}
-	}
-	return len(f) == len(s)
-}
 
 // entry is one revision of a key.
 type entry struct {

@@ -88,23 +88,3 @@ func TestKVListsKeysByFilter(t *testing.T) {
 		t.Fatalf("listed %v, want the live key under st.w.i", got)
 	}
 }
-
-func TestSubjectMatchesAsNATSDoes(t *testing.T) {
-	for _, c := range []struct {
-		filter, subject string
-		want            bool
-	}{
-		{"a.b", "a.b", true},
-		{"a.b", "a.c", false},
-		{"a.*", "a.b", true},
-		{"a.*", "a.b.c", false},
-		{"a.>", "a.b.c", true},
-		{"a.>", "a", false},
-		{"*.b", "a.b", true},
-		{"a.b.c", "a.b", false},
-	} {
-		if got := SubjectMatches(c.filter, c.subject); got != c.want {
-			t.Errorf("SubjectMatches(%q, %q) = %v, want %v", c.filter, c.subject, got, c.want)
-		}
-	}
-}
