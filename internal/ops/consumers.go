@@ -48,15 +48,15 @@ func Consumers(ctx context.Context, js jetstream.JetStream) ([]Consumer, error) 
 			continue
 		}
 		found++
-		lister := s.ListConsumers(ctx)
-		for info := range lister.Info() {
+		infos, err := listConsumers(ctx, s, name)
+		if err != nil {
+			return nil, err
+		}
+		for _, info := range infos {
 			if info.Config.Durable == "" {
 				continue
 			}
 			out = append(out, consumerOf(info))
-		}
-		if err := lister.Err(); err != nil {
-			return nil, fmt.Errorf("list the consumers of %s: %w", name, err)
 		}
 	}
 	if found == 0 {
@@ -125,4 +125,35 @@ func RemoveConsumer(ctx context.Context, js jetstream.JetStream, name string, fo
 		return c, fmt.Errorf("remove consumer %s: %w", name, err)
 	}
 	return c, nil
+}
+
+// listConsumers reads every consumer of stream s with one paged listing,
+// each once. The server pages by an offset into its list as it stands at
+// each request, and can count in a page's total a consumer being deleted
+// that it no longer returns: the next page then starts one too early and
+// hands back the last consumer again (CI once saw a site listed twice, just
+// after a status had deleted the ordered consumer that read the site's
+// oldest pending event). A name is unique in its stream, so one seen
+// already is that.
+func listConsumers(ctx context.Context, s jetstream.Stream, stream string) ([]*jetstream.ConsumerInfo, error) {
+	lister := s.ListConsumers(ctx)
+	infos := onceEach(lister.Info())
+	if err := lister.Err(); err != nil {
+		return nil, fmt.Errorf("list the consumers of %s: %w", stream, err)
+	}
+	return infos, nil
+}
+
+// onceEach collects the consumers infos yields, dropping one whose name it
+// has collected already.
+func onceEach(infos <-chan *jetstream.ConsumerInfo) []*jetstream.ConsumerInfo {
+	var out []*jetstream.ConsumerInfo
+	seen := map[string]bool{}
+	for info := range infos {
+		if !seen[info.Name] {
+			seen[info.Name] = true
+			out = append(out, info)
+		}
+	}
+	return out
 }

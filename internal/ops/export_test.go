@@ -7,3 +7,6 @@ import "time"
 func WithClock(now func() time.Time) KeeperOption {
 	return func(k *SourceKeeper) { k.now = now }
 }
+
+// OnceEach is onceEach, for the test of a listing that repeats a consumer.
+var OnceEach = onceEach

@@ -165,15 +165,15 @@ func listSites(ctx context.Context, js jetstream.JetStream) ([]Site, error) {
 	if s == nil {
 		return nil, &NoStreamsError{Server: ServerURL(js)}
 	}
+	infos, err := listConsumers(ctx, s, events.StreamEvents)
+	if err != nil {
+		return nil, err
+	}
 	var out []Site
-	lister := s.ListConsumers(ctx)
-	for info := range lister.Info() {
+	for _, info := range infos {
 		if site, ok := siteOf(info); ok {
 			out = append(out, site)
 		}
-	}
-	if err := lister.Err(); err != nil {
-		return nil, fmt.Errorf("list the consumers of %s: %w", events.StreamEvents, err)
 	}
 	return out, nil
 }

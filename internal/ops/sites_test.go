@@ -451,3 +451,21 @@ func TestResumeFromTheHubSaysASiteReaderIsNotWoken(t *testing.T) {
 		t.Fatal("resumed at the site's leaf node, the reader was not woken")
 	}
 }
+
+// A paged listing that hands a consumer back twice (a page starting one
+// too early, after a consumer was deleted between pages) lists it once:
+// a site, an instance or a consumer is never shown twice.
+func TestAListingThatRepeatsAConsumerListsItOnce(t *testing.T) {
+	infos := make(chan *jetstream.ConsumerInfo, 3)
+	for _, name := range []string{"ordered-x", "site-a", "site-a"} {
+		infos <- &jetstream.ConsumerInfo{Name: name}
+	}
+	close(infos)
+	var got []string
+	for _, info := range ops.OnceEach(infos) {
+		got = append(got, info.Name)
+	}
+	if strings.Join(got, " ") != "ordered-x site-a" {
+		t.Fatalf("listed %v, want ordered-x and site-a once each", got)
+	}
+}

@@ -369,9 +369,12 @@ func classify(in Instance) State {
 // with one paged listing: never a consumer info per instance. The hub's
 // consumers for its sites are in the same listing, and returned.
 func listInstances(ctx context.Context, s jetstream.Stream, byName map[string]*Instance) ([]Site, error) {
+	infos, err := listConsumers(ctx, s, events.StreamEvents)
+	if err != nil {
+		return nil, err
+	}
 	var sites []Site
-	lister := s.ListConsumers(ctx)
-	for info := range lister.Info() {
+	for _, info := range infos {
 		if site, ok := siteOf(info); ok {
 			sites = append(sites, site)
 			continue
@@ -396,9 +399,6 @@ func listInstances(ctx context.Context, s jetstream.Stream, byName map[string]*I
 			in.PausedUntil = &until
 		}
 		byName[in.Name] = in
-	}
-	if err := lister.Err(); err != nil {
-		return nil, fmt.Errorf("list the consumers of %s: %w", events.StreamEvents, err)
 	}
 	return sites, nil
 }
