@@ -1,30 +1,143 @@
 package workertest
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 )
 
-// taken are the ports FreePort has handed out in this test binary.
+// taken are the ports FreePort has handed out in this test binary, each
+// with the lock file that reserves it from the other test binaries until
+// this one exits.
 var taken struct {
 	sync.Mutex
-	ports map[int]bool
+	ports map[int]*os.File
 }
 
 // FreePort returns a port on 127.0.0.1 that nothing listens on, for a
 // server a test starts on a port it must know first (a cluster's routes, a
-// leaf node's remote, a child process's flags). The port is only free when
-// it is returned, so it never returns the same port twice in one test
-// binary: two tests started in parallel are never both given one, to
-// race for it when they bind. It never returns 4222, where the machine's
-// own NATS server may live.
+// leaf node's remote, a child process's flags). It never returns the same
+// port twice while a test binary runs, nor a port another test binary
+// running at the same time was given, so two tests are never both given
+// one to race for when they bind. It never returns 4222, where the
+// machine's own NATS server may live.
+//
+// The port lies below the kernel's ephemeral range (on Linux,
+// /proc/sys/net/ipv4/ip_local_port_range). A test that stops a server and
+// starts it again on the same port, as a restart or an outage does, leaves
+// the port unbound in between; inside the ephemeral range any outbound
+// connection or listener on port 0 in any process may be given it then,
+// and the restarted server finds its port taken (CI met this with
+// PostgreSQL in TestCompose). Below the range only another FreePort picks
+// it, and that one skips ports reserved in the lock folder.
 func FreePort(t testing.TB) int {
+	t.Helper()
+	lo, hi, ok := reservableRange()
+	if !ok {
+		return kernelPort(t)
+	}
+	p, err := reservePort(lo, hi, 200)
+	if err != nil {
+		t.Fatalf("no free port on 127.0.0.1 for the test's server: %v", err)
+	}
+	return p
+}
+
+// lowestReservable is where FreePort's range starts: above the ports
+// services on a development machine are usually given (PostgreSQL's 5432,
+// NATS's 4222 and 8222, 8080), below every kernel's ephemeral range.
+const lowestReservable = 20000
+
+// reservableRange is [lowestReservable, the start of the kernel's
+// ephemeral range). It is not ok where the ephemeral range cannot be read
+// or leaves fewer than a thousand ports below it, and then FreePort falls
+// back to the kernel's choice.
+func reservableRange() (lo, hi int, ok bool) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, 0, false
+	}
+	fields := strings.Fields(string(b))
+	if len(fields) != 2 {
+		return 0, 0, false
+	}
+	first, err := strconv.Atoi(fields[0])
+	if err != nil || first-lowestReservable < 1000 {
+		return 0, 0, false
+	}
+	return lowestReservable, first, true
+}
+
+// reservePort picks ports at random in [lo, hi) until one is neither
+// handed out in this binary, reserved by another, nor bound, and reserves
+// it by a lock on a file in the lock folder, held until the binary exits
+// (the kernel drops the lock with the process, however it ends). The
+// folder is the user's own: tests run by another user reserve apart, and
+// the bind check alone keeps them off each other's ports.
+func reservePort(lo, hi, tries int) (int, error) {
+	taken.Lock()
+	defer taken.Unlock()
+	if taken.ports == nil {
+		taken.ports = map[int]*os.File{}
+	}
+	dir := filepath.Join(os.TempDir(), fmt.Sprintf("steward-test-ports-%d", os.Getuid()))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return 0, fmt.Errorf("the lock folder %s that reserves ports across test binaries cannot be made: %w", dir, err)
+	}
+	for range tries {
+		p := lo + rand.IntN(hi-lo)
+		if _, handed := taken.ports[p]; handed {
+			continue
+		}
+		lock, ok := lockPort(dir, p)
+		if !ok {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			// Bound by something that does not take part in the
+			// reservation: keep the lock, so no one tries it again.
+			taken.ports[p] = lock
+			continue
+		}
+		l.Close()
+		taken.ports[p] = lock
+		return p, nil
+	}
+	return 0, fmt.Errorf("none of %d ports drawn in [%d, %d) was both unreserved and unbound (%d handed out in this binary); run fewer tests in parallel, or clear %s if no test runs", tries, lo, hi, len(taken.ports), dir)
+}
+
+// lockPort takes the lock that reserves port p across test binaries. It
+// is not ok when another open lock file, in this process or another,
+// holds it.
+func lockPort(dir string, p int) (*os.File, bool) {
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(p)), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, false
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, false
+	}
+	return f, true
+}
+
+// kernelPort is FreePort where the ephemeral range is unknown: the
+// kernel's choice for a listener on port 0, never one already handed out
+// in this binary.
+func kernelPort(t testing.TB) int {
 	t.Helper()
 	taken.Lock()
 	defer taken.Unlock()
 	if taken.ports == nil {
-		taken.ports = map[int]bool{}
+		taken.ports = map[int]*os.File{}
 	}
 	for range 100 {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -33,8 +146,8 @@ func FreePort(t testing.TB) int {
 		}
 		p := l.Addr().(*net.TCPAddr).Port
 		l.Close()
-		if p != 4222 && !taken.ports[p] {
-			taken.ports[p] = true
+		if _, handed := taken.ports[p]; p != 4222 && !handed {
+			taken.ports[p] = nil
 			return p
 		}
 	}
