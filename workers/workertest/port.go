@@ -2,6 +2,7 @@ package workertest
 
 import (
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -13,12 +14,13 @@ import (
 	"testing"
 )
 
-// taken are the ports FreePort has handed out in this test binary, each
-// with the lock file that reserves it from the other test binaries until
-// this one exits.
+// taken are the ports FreePort has handed out in this test binary, and
+// the file whose bytes, one a port, reserve them from the other test
+// binaries until this one exits.
 var taken struct {
 	sync.Mutex
-	ports map[int]*os.File
+	ports map[int]bool
+	locks *os.File
 }
 
 // FreePort returns a port on 127.0.0.1 that nothing listens on, for a
@@ -36,7 +38,7 @@ var taken struct {
 // connection or listener on port 0 in any process may be given it then,
 // and the restarted server finds its port taken (CI met this with
 // PostgreSQL in TestCompose). Below the range only another FreePort picks
-// it, and that one skips ports reserved in the lock folder.
+// it, and that one skips ports reserved in the lock file.
 func FreePort(t testing.TB) int {
 	t.Helper()
 	lo, hi, ok := reservableRange()
@@ -77,56 +79,49 @@ func reservableRange() (lo, hi int, ok bool) {
 
 // reservePort picks ports at random in [lo, hi) until one is neither
 // handed out in this binary, reserved by another, nor bound, and reserves
-// it by a lock on a file in the lock folder, held until the binary exits
-// (the kernel drops the lock with the process, however it ends). The
-// folder is the user's own: tests run by another user reserve apart, and
-// the bind check alone keeps them off each other's ports.
+// it by a lock on its byte of the lock file, held until the binary exits
+// (the kernel drops a process's locks with the process, however it ends,
+// and with any descriptor of the file it closes, so the file is opened
+// once and never closed). The file is the user's own: tests run by
+// another user reserve apart, and the bind check alone keeps them off
+// each other's ports.
 func reservePort(lo, hi, tries int) (int, error) {
 	taken.Lock()
 	defer taken.Unlock()
 	if taken.ports == nil {
-		taken.ports = map[int]*os.File{}
+		taken.ports = map[int]bool{}
 	}
-	dir := filepath.Join(os.TempDir(), fmt.Sprintf("steward-test-ports-%d", os.Getuid()))
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return 0, fmt.Errorf("the lock folder %s that reserves ports across test binaries cannot be made: %w", dir, err)
+	path := filepath.Join(os.TempDir(), fmt.Sprintf("steward-test-ports-%d.lock", os.Getuid()))
+	if taken.locks == nil {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			return 0, fmt.Errorf("the lock file %s that reserves ports across test binaries cannot be opened: %w", path, err)
+		}
+		taken.locks = f
 	}
 	for range tries {
 		p := lo + rand.IntN(hi-lo)
-		if _, handed := taken.ports[p]; handed {
+		if taken.ports[p] || !lockPort(taken.locks, p) {
 			continue
 		}
-		lock, ok := lockPort(dir, p)
-		if !ok {
-			continue
-		}
+		// Reserved from here on, even when bound by something that does
+		// not take part in the reservation, so no one tries it again.
+		taken.ports[p] = true
 		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
 		if err != nil {
-			// Bound by something that does not take part in the
-			// reservation: keep the lock, so no one tries it again.
-			taken.ports[p] = lock
 			continue
 		}
 		l.Close()
-		taken.ports[p] = lock
 		return p, nil
 	}
-	return 0, fmt.Errorf("none of %d ports drawn in [%d, %d) was both unreserved and unbound (%d handed out in this binary); run fewer tests in parallel, or clear %s if no test runs", tries, lo, hi, len(taken.ports), dir)
+	return 0, fmt.Errorf("none of %d ports drawn in [%d, %d) was both unreserved and unbound (%d handed out in this binary); run fewer tests in parallel", tries, lo, hi, len(taken.ports))
 }
 
-// lockPort takes the lock that reserves port p across test binaries. It
-// is not ok when another open lock file, in this process or another,
-// holds it.
-func lockPort(dir string, p int) (*os.File, bool) {
-	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(p)), os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, false
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		return nil, false
-	}
-	return f, true
+// lockPort takes the lock on port p's byte of the lock file. It is not ok
+// when another process holds it.
+func lockPort(f *os.File, p int) bool {
+	lock := syscall.Flock_t{Type: syscall.F_WRLCK, Whence: io.SeekStart, Start: int64(p), Len: 1}
+	return syscall.FcntlFlock(f.Fd(), syscall.F_SETLK, &lock) == nil
 }
 
 // kernelPort is FreePort where the ephemeral range is unknown: the
@@ -137,7 +132,7 @@ func kernelPort(t testing.TB) int {
 	taken.Lock()
 	defer taken.Unlock()
 	if taken.ports == nil {
-		taken.ports = map[int]*os.File{}
+		taken.ports = map[int]bool{}
 	}
 	for range 100 {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -146,8 +141,8 @@ func kernelPort(t testing.TB) int {
 		}
 		p := l.Addr().(*net.TCPAddr).Port
 		l.Close()
-		if _, handed := taken.ports[p]; p != 4222 && !handed {
-			taken.ports[p] = nil
+		if p != 4222 && !taken.ports[p] {
+			taken.ports[p] = true
 			return p
 		}
 	}
