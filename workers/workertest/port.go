@@ -95,7 +95,7 @@ func reservePort(lo, hi, tries int) (int, error) {
 	if taken.locks == nil {
 		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 		if err != nil {
-			return 0, fmt.Errorf("the lock file %s that reserves ports across test binaries cannot be opened: %w", path, err)
+			return 0, fmt.Errorf("the lock file %s that reserves ports across test binaries cannot be opened, so no port was handed out: %w; point TMPDIR at a folder this user can write", path, err)
 		}
 		taken.locks = f
 	}
@@ -114,7 +114,7 @@ func reservePort(lo, hi, tries int) (int, error) {
 		l.Close()
 		return p, nil
 	}
-	return 0, fmt.Errorf("none of %d ports drawn in [%d, %d) was both unreserved and unbound (%d handed out in this binary); run fewer tests in parallel", tries, lo, hi, len(taken.ports))
+	return 0, fmt.Errorf("none of %d ports drawn in [%d, %d) was both unreserved and unbound (%d reserved by this binary); run fewer tests in parallel", tries, lo, hi, len(taken.ports))
 }
 
 // lockPort takes the lock on port p's byte of the lock file. It is not ok
