@@ -39,8 +39,10 @@ func (e *Env) RuntimeOutcome(ctx context.Context, o Options) (Measure, error) {
 // RuntimeWithoutNotices is Runtime on the streams `steward setup
 // --stored-notices none` makes: STEWARD_EVENTS republishes no stored
 // notices during the turn, and is set up again as before it once the turn
-// is over. What the notices cost the runtime shows against Runtime in the
-// same run.
+// is over. Against Runtime in the same run it shows what the notices
+// cost the runtime together with what updating the stream just before a
+// turn does to it: a control that updated the stream and kept the notices
+// gained as much (docs/benchmarks.md, 2026-12-07, late morning).
 func (e *Env) RuntimeWithoutNotices(ctx context.Context, o Options) (m Measure, err error) {
 	// Only the streams: the bucket is as setUp left it.
 	with := events.DefaultBusConfig(1).Streams
