@@ -38,7 +38,8 @@ stream laid out as STEWARD_EVENTS is, stored notices included.
 its costs switched off at a time (the stored notices, the Nats-Msg-Id the
 duplicate window tracks, the CloudEvents headers), and the runtime on
 STEWARD_EVENTS without its stored notices, as steward setup --stored-notices
-none leaves it.
+none leaves it, held against the runtime after the same updates of the
+stream with its notices kept (an update alone lowers the next turn's p99).
 --watermill adds Watermill's JetStream subscriber (watermill-nats v2, AckSync)
 on the plain stream, run by its own program: the folder of its module
 (internal/bench/watermill in a checkout, built first with go build) or the
@@ -110,7 +111,7 @@ absolute figures drift.`,
 	fs.IntVar(&o.Concurrency, "concurrency", workers.DefaultConcurrency, "the runtime's concurrency (keys handled at once)")
 	fs.IntVar(&o.Rate, "rate", 0, "publish at this many events per second instead of one burst")
 	fs.IntVar(&o.Rounds, "rounds", 3, "how many times each path is measured; the report gives the medians")
-	fs.BoolVar(&o.StreamCosts, "stream-costs", false, "add the fire-and-forget consumer on the STEWARD_EVENTS layout with its stored notices, its Nats-Msg-Id and its CloudEvents headers switched off in turn, and the runtime on STEWARD_EVENTS without its stored notices (steward setup --stored-notices none)")
+	fs.BoolVar(&o.StreamCosts, "stream-costs", false, "add the fire-and-forget consumer on the STEWARD_EVENTS layout with its stored notices, its Nats-Msg-Id and its CloudEvents headers switched off in turn, and the runtime on STEWARD_EVENTS without its stored notices (steward setup --stored-notices none) and with them after the same stream updates")
 	fs.StringVar(&watermill, "watermill", "", "add Watermill's JetStream subscriber (AckSync), run by the program at this path or built from the module in this folder (internal/bench/watermill)")
 	fs.StringVar(&server, "server", "process", "where the server runs: process (its own, as a deployed worker meets it) or embedded (in this process, sharing its garbage collector with every path)")
 	fs.DurationVar(&o.Timeout, "timeout", 5*time.Minute, "give up on a path after this long")

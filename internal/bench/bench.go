@@ -133,6 +133,7 @@ func allPaths(external string) []path {
 		{name: runtimePath, measure: (*Env).Runtime, into: func(r *Round) *Measure { return &r.Runtime }},
 		{name: outcomePath, measure: (*Env).RuntimeOutcome, into: func(r *Round) *Measure { return &r.RuntimeOutcome }},
 		{name: runtimeNoNoticesPath, measure: (*Env).RuntimeWithoutNotices, into: func(r *Round) *Measure { return &r.RuntimeNoNotices }, wanted: costs},
+		{name: runtimeUpdatedPath, measure: (*Env).RuntimeAfterUpdate, into: func(r *Round) *Measure { return &r.RuntimeUpdated }, wanted: costs},
 		rawPath(Ack, Plain, func(r *Round) *Measure { return &r.RawAck }, nil),
 		rawPath(DoubleAck, Plain, func(r *Round) *Measure { return &r.RawDouble }, nil),
 		rawPath(ValidatingDoubleAck, Plain, func(r *Round) *Measure { return &r.RawValidating }, nil),

@@ -2,7 +2,6 @@ package workertest
 
 import (
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -10,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 )
 
@@ -115,13 +113,6 @@ func reservePort(lo, hi, tries int) (int, error) {
 		return p, nil
 	}
 	return 0, fmt.Errorf("none of %d ports drawn in [%d, %d) was both unreserved and unbound (%d reserved by this binary); run fewer tests in parallel", tries, lo, hi, len(taken.ports))
-}
-
-// lockPort takes the lock on port p's byte of the lock file. It is not ok
-// when another process holds it.
-func lockPort(f *os.File, p int) bool {
-	lock := syscall.Flock_t{Type: syscall.F_WRLCK, Whence: io.SeekStart, Start: int64(p), Len: 1}
-	return syscall.FcntlFlock(f.Fd(), syscall.F_SETLK, &lock) == nil
 }
 
 // kernelPort is FreePort where the ephemeral range is unknown: the

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -51,13 +52,20 @@ func TestFreePortSkipsAPortAnotherBinaryReserved(t *testing.T) {
 	if !ok {
 		t.Fatal("this machine's ephemeral range leaves no room below it for FreePort's range")
 	}
-	p := lo + int(time.Now().UnixNano()%int64(hi-lo))
-	for {
+	// A port this binary has not handed out: one it had would be refused
+	// whether or not the other binary's reservation is seen.
+	p := lo + rand.IntN(hi-lo)
+	for ; ; p = lo + (p-lo+1)%(hi-lo) {
+		taken.Lock()
+		handed := taken.ports[p]
+		taken.Unlock()
+		if handed {
+			continue
+		}
 		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p)); err == nil {
 			l.Close()
 			break
 		}
-		p++
 	}
 
 	child := exec.Command(os.Args[0], "-test.run=^TestFreePortSkipsAPortAnotherBinaryReserved$", "-test.count=1")
