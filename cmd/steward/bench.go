@@ -39,7 +39,8 @@ its costs switched off at a time (the stored notices, the Nats-Msg-Id the
 duplicate window tracks, the CloudEvents headers), and the runtime on
 STEWARD_EVENTS without its stored notices, as steward setup --stored-notices
 none leaves it, held against the runtime after the same updates of the
-stream with its notices kept (an update alone lowers the next turn's p99).
+stream with its notices kept, so that the two turns differ in the notices
+alone.
 --watermill adds Watermill's JetStream subscriber (watermill-nats v2, AckSync)
 on the plain stream, run by its own program: the folder of its module
 (internal/bench/watermill in a checkout, built first with go build) or the

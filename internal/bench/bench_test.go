@@ -718,8 +718,8 @@ func BenchmarkStreamCosts(b *testing.B) {
 }
 
 // The notices' ratio holds the turn without them against the control
-// after the same stream updates, not against the runtime's own turn: the
-// update alone lowers a turn's p99.
+// after the same stream updates, not against the runtime's own turn, so
+// that the two turns differ in the notices alone.
 func TestNoticesRatioIsAgainstTheControl(t *testing.T) {
 	r := Round{
 		Runtime:          Measure{Handler: Latency{P99: 5 * time.Millisecond}},

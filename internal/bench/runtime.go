@@ -40,9 +40,11 @@ func (e *Env) RuntimeOutcome(ctx context.Context, o Options) (Measure, error) {
 // RuntimeWithoutNotices is Runtime on the streams `steward setup
 // --stored-notices none` makes: STEWARD_EVENTS republishes no stored
 // notices during the turn, and is set up again as before it once the turn
-// is over. It is held against RuntimeAfterUpdate, not Runtime: the update
-// before its turn lowers the turn's p99 as much as the notices' absence
-// seemed to (docs/benchmarks.md, 2026-12-07, late morning).
+// is over. It is held against RuntimeAfterUpdate, not Runtime, so that
+// the two turns differ in the notices alone: the update before its turn
+// once seemed to lower the turn's p99 as much as their absence, which
+// larger probes did not bear out (docs/benchmarks.md, 2026-12-07,
+// midday).
 func (e *Env) RuntimeWithoutNotices(ctx context.Context, o Options) (m Measure, err error) {
 	with, without := noticeConfigs()
 	if err := events.EnsureStreams(ctx, e.pubJS, without); err != nil {
