@@ -180,8 +180,9 @@ func TestRunLeavesOutWhatItIsNotAskedFor(t *testing.T) {
 // TestRuntimeWithoutNoticesRunsWithoutThem proves the runtime's turn
 // without stored notices runs on STEWARD_EVENTS republishing none (and the
 // control's turn after the same updates, and the runtime's own, on it
-// republishing one an event), and that the stream has its notices again
-// after it.
+// republishing one an event), that the control updates the stream as
+// often as the turn it is held against (the server's update advisories,
+// counted), and that the stream has its notices again after it.
 func TestRuntimeWithoutNoticesRunsWithoutThem(t *testing.T) {
 	ctx := context.Background()
 	env, err := Start(ctx)
@@ -189,23 +190,33 @@ func TestRuntimeWithoutNoticesRunsWithoutThem(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer env.Close()
-	var notices atomic.Int64
+	var notices, updates atomic.Int64
 	sub, err := env.subNC.Subscribe(events.StoredPrefix+".>", func(*nats.Msg) { notices.Add(1) })
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
+	adv, err := env.subNC.Subscribe("$JS.EVENT.ADVISORY.STREAM.UPDATED."+events.StreamEvents, func(*nats.Msg) { updates.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adv.Unsubscribe()
+	// Both subscriptions in place on the server before the first update.
+	if err := env.subNC.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	o := Options{Events: 100, Keys: 4, Timeout: time.Minute}
 	for _, turn := range []struct {
-		name    string
-		measure func(*Env, context.Context, Options) (Measure, error)
-		want    int64
+		name             string
+		measure          func(*Env, context.Context, Options) (Measure, error)
+		notices, updates int64
 	}{
-		{"without stored notices", (*Env).RuntimeWithoutNotices, 0},
-		{"after the same updates of the stream", (*Env).RuntimeAfterUpdate, 100},
-		{"with them", (*Env).Runtime, 100},
+		{"without stored notices", (*Env).RuntimeWithoutNotices, 0, 2},
+		{"after the same updates of the stream", (*Env).RuntimeAfterUpdate, 100, 2},
+		{"with them", (*Env).Runtime, 100, 0},
 	} {
 		notices.Store(0)
+		updates.Store(0)
 		m, err := turn.measure(env, ctx, o)
 		if err != nil {
 			t.Fatal(err)
@@ -216,11 +227,14 @@ func TestRuntimeWithoutNoticesRunsWithoutThem(t *testing.T) {
 		if err := env.subNC.Flush(); err != nil {
 			t.Fatal(err)
 		}
-		for deadline := time.Now().Add(5 * time.Second); notices.Load() < turn.want && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(5 * time.Second); (notices.Load() < turn.notices || updates.Load() < turn.updates) && time.Now().Before(deadline); {
 			runtime.Gosched()
 		}
-		if m.Events != 100 || notices.Load() != turn.want {
-			t.Fatalf("the runtime %s settled %d events with %d stored notices, want 100 with %d", turn.name, m.Events, notices.Load(), turn.want)
+		if m.Events != 100 || notices.Load() != turn.notices {
+			t.Fatalf("the runtime %s settled %d events with %d stored notices, want 100 with %d", turn.name, m.Events, notices.Load(), turn.notices)
+		}
+		if updates.Load() != turn.updates {
+			t.Fatalf("the runtime %s came with %d updates of %s, want %d: the control must differ from the turn without notices in the notices alone", turn.name, updates.Load(), events.StreamEvents, turn.updates)
 		}
 	}
 	s, err := env.pubJS.Stream(ctx, events.StreamEvents)
