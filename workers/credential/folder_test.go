@@ -1,6 +1,7 @@
 package credential_test
 
 import (
+	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -101,8 +102,14 @@ func TestLinkInTheFolderPlaceIsNotFollowed(t *testing.T) {
 	if err := os.Remove(dir); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Mkdir(dir, 0o755); err != nil {
+	// A redelivery can land between the removal and this Mkdir and create
+	// the missing folder itself, as the worker does for any missing folder;
+	// either way a real folder now stands where the link was.
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		t.Fatal(err)
+	}
+	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() {
+		t.Fatalf("%s: %v %v, want a real folder where the link was", dir, fi, err)
 	}
 	workertest.DataAs[credential.Applied](t, h.waitOutcomes(1)[0], typeApplied)
 	h.checkPair("client-one", s1)
