@@ -36,13 +36,27 @@ case "$v" in
 esac
 `
 
-func onChangeCount(t *testing.T, hive, result string) float64 {
+// onChangeCounts reads OnChangeTotal for hive now and returns what each
+// result has counted since. The counter is the process's, so a test run
+// again in the same process (-count) starts from the last run's figures.
+func onChangeCounts(t *testing.T, hive string) func(result string) float64 {
 	t.Helper()
-	var m dto.Metric
-	if err := credential.OnChangeTotal.WithLabelValues(hive, result).Write(&m); err != nil {
-		t.Fatal(err)
+	read := func(result string) float64 {
+		t.Helper()
+		var m dto.Metric
+		if err := credential.OnChangeTotal.WithLabelValues(hive, result).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetCounter().GetValue()
 	}
-	return m.GetCounter().GetValue()
+	before := map[string]float64{}
+	for _, r := range []string{credential.OnChangeSucceeded, credential.OnChangeFailed, credential.OnChangeTimedOut} {
+		before[r] = read(r)
+	}
+	return func(result string) float64 {
+		t.Helper()
+		return read(result) - before[result]
+	}
 }
 
 // gone says whether the process pid has ended (absent, or a zombie no one
@@ -115,6 +129,7 @@ func TestOnChangeRunsOncePerAppliedVersion(t *testing.T) {
 		}
 		return h.w.Handle(ctx, d)
 	}
+	onChangeCount := onChangeCounts(t, h.name)
 	h.start(h.w.Spec())
 	onChangeOf := func(o int) credential.OnChange {
 		t.Helper()
@@ -146,7 +161,7 @@ func TestOnChangeRunsOncePerAppliedVersion(t *testing.T) {
 		t.Fatalf("version 2: %+v, want failed with exit status 3", oc)
 	}
 	h.checkPair("client-2", secrets[2])
-	if n := onChangeCount(t, h.name, credential.OnChangeFailed); n != 1 {
+	if n := onChangeCount(credential.OnChangeFailed); n != 1 {
 		t.Errorf("failed runs counted: %v, want 1", n)
 	}
 	if !h.logged(`"level":"error"`, "the --on-change command failed; the pair of version 2 stays in place") {
@@ -194,10 +209,10 @@ func TestOnChangeRunsOncePerAppliedVersion(t *testing.T) {
 	if got := strings.TrimSpace(string(inv)); got != strings.Join(want, "\n") {
 		t.Fatalf("invocations:\n%s\nwant one per applied version:\n%s", got, strings.Join(want, "\n"))
 	}
-	if n := onChangeCount(t, h.name, credential.OnChangeSucceeded); n != 3 {
+	if n := onChangeCount(credential.OnChangeSucceeded); n != 3 {
 		t.Errorf("succeeded runs counted: %v, want 3 (versions 1, 4, 5)", n)
 	}
-	if n := onChangeCount(t, h.name, credential.OnChangeTimedOut); n != 1 {
+	if n := onChangeCount(credential.OnChangeTimedOut); n != 1 {
 		t.Errorf("timed-out runs counted: %v, want 1", n)
 	}
 
