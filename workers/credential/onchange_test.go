@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/steward-dev/steward/events"
 	"github.com/steward-dev/steward/workers"
@@ -39,23 +39,13 @@ esac
 // onChangeCounts reads OnChangeTotal for hive now and returns what each
 // result has counted since. The counter is the process's, so a test run
 // again in the same process (-count) starts from the last run's figures.
-func onChangeCounts(t *testing.T, hive string) func(result string) float64 {
-	t.Helper()
-	read := func(result string) float64 {
-		t.Helper()
-		var m dto.Metric
-		if err := credential.OnChangeTotal.WithLabelValues(hive, result).Write(&m); err != nil {
-			t.Fatal(err)
-		}
-		return m.GetCounter().GetValue()
-	}
+func onChangeCounts(hive string) func(result string) float64 {
 	before := map[string]float64{}
 	for _, r := range []string{credential.OnChangeSucceeded, credential.OnChangeFailed, credential.OnChangeTimedOut} {
-		before[r] = read(r)
+		before[r] = testutil.ToFloat64(credential.OnChangeTotal.WithLabelValues(hive, r))
 	}
 	return func(result string) float64 {
-		t.Helper()
-		return read(result) - before[result]
+		return testutil.ToFloat64(credential.OnChangeTotal.WithLabelValues(hive, result)) - before[result]
 	}
 }
 
@@ -129,7 +119,7 @@ func TestOnChangeRunsOncePerAppliedVersion(t *testing.T) {
 		}
 		return h.w.Handle(ctx, d)
 	}
-	onChangeCount := onChangeCounts(t, h.name)
+	onChangeCount := onChangeCounts(h.name)
 	h.start(h.w.Spec())
 	onChangeOf := func(o int) credential.OnChange {
 		t.Helper()
