@@ -486,7 +486,7 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 		// Where the missing ones are is read every few seconds, not at
 		// every look: it reads every site's outcomes.
 		if time.Since(lastLook) > 5*time.Second {
-			lastLook, atSites = time.Now(), atTheirSites(atSite, ids, missing)
+			lastLook, atSites = time.Now(), atTheirSites(atSite, ids, missing)+hubSourcesOf(b, atSite)
 		}
 		return false, fmt.Sprintf("%d of %d events without an outcome at the hub%s", len(missing), len(ids), atSites)
 	})
@@ -588,6 +588,38 @@ func atTheirSites(atSite map[string]*bus, ids map[string]string, missing map[str
 		}
 	}
 	return fmt.Sprintf("; %d of them have one at their site", len(held))
+}
+
+// hubSourcesOf says, for each site, how far the hub's source of its
+// outcomes has read and how far the site's own stream goes, with what the
+// hub reports of the source's contact: a source behind its site yet in
+// contact is one the keeper, which restarts only silent sources, leaves
+// alone (this test once timed out with 200 outcomes held at site A and
+// no restart), while one silent is the keeper's to restart.
+func hubSourcesOf(hub *bus, atSite map[string]*bus) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := hub.js.Stream(ctx, events.StreamOutcomes)
+	if err != nil {
+		return fmt.Sprintf("; the hub's %s not read: %v", events.StreamOutcomes, err)
+	}
+	var out strings.Builder
+	for _, si := range st.CachedInfo().Sources {
+		site, ok := events.SiteOf(&jetstream.StreamSource{Name: si.Name, External: si.External}, events.StreamOutcomes)
+		if !ok || atSite[site] == nil {
+			continue
+		}
+		last := "not read"
+		if ss, err := atSite[site].js.Stream(ctx, events.StreamOutcomes); err == nil {
+			last = strconv.FormatUint(ss.CachedInfo().State.LastSeq, 10)
+		}
+		fmt.Fprintf(&out, "; the hub's source of %s's outcomes read to %d of the site's %s, last contact %v ago, lag %d",
+			site, si.Seq, last, si.Active.Round(time.Millisecond), si.Lag)
+		if si.Error != nil {
+			fmt.Fprintf(&out, ", error: %v", si.Error)
+		}
+	}
+	return out.String()
 }
 
 // sitesOf is the set of sites ids names.
