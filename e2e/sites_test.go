@@ -609,8 +609,10 @@ func hubSourcesOf(hub *bus, atSite map[string]*bus) string {
 		if !ok || atSite[site] == nil {
 			continue
 		}
-		last := "not read"
-		if ss, err := atSite[site].js.Stream(ctx, events.StreamOutcomes); err == nil {
+		var last string
+		if ss, err := atSite[site].js.Stream(ctx, events.StreamOutcomes); err != nil {
+			last = fmt.Sprintf("(not read: %v)", err)
+		} else {
 			last = strconv.FormatUint(ss.CachedInfo().State.LastSeq, 10)
 		}
 		fmt.Fprintf(&out, "; the hub's source of %s's outcomes read to %d of the site's %s, last contact %v ago, lag %d",
