@@ -486,7 +486,8 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 		// Where the missing ones are is read every few seconds, not at
 		// every look: it reads every site's outcomes.
 		if time.Since(lastLook) > 5*time.Second {
-			lastLook, atSites = time.Now(), atTheirSites(atSite, ids, missing)+hubSourcesOf(b, atSite)
+			lastLook, atSites = time.Now(), atTheirSites(atSite, ids, missing)+hubSourcesOf(b, atSite)+
+				fmt.Sprintf("; the keeper has restarted %d sources", strings.Count(keeper.tail(1_000_000), "so it was restarted"))
 		}
 		return false, fmt.Sprintf("%d of %d events without an outcome at the hub%s", len(missing), len(ids), atSites)
 	})
@@ -592,10 +593,11 @@ func atTheirSites(atSite map[string]*bus, ids map[string]string, missing map[str
 
 // hubSourcesOf says, for each site, how far the hub's source of its
 // outcomes has read and how far the site's own stream goes, with what the
-// hub reports of the source's contact: a source behind its site yet in
-// contact is one the keeper, which restarts only silent sources, leaves
-// alone (this test once timed out with 200 outcomes held at site A and
-// no restart), while one silent is the keeper's to restart.
+// hub reports of the source's contact and what the site's consumer for it
+// reports: a source behind its site yet in contact is one the keeper,
+// which restarts only silent sources, leaves alone (this test once timed
+// out with 200 outcomes held at site A and no restart), while one silent
+// is the keeper's to restart.
 func hubSourcesOf(hub *bus, atSite map[string]*bus) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -619,6 +621,17 @@ func hubSourcesOf(hub *bus, atSite map[string]*bus) string {
 			site, si.Seq, last, si.Active.Round(time.Millisecond), si.Lag)
 		if si.Error != nil {
 			fmt.Fprintf(&out, ", error: %v", si.Error)
+		}
+		// The site's side of the same source: its durable consumer for
+		// the hub, acknowledged by the hub's flow control. Messages
+		// pending there with nothing delivered tell a consumer that
+		// stopped sending from a hub that stopped storing.
+		if c, err := atSite[site].js.PushConsumer(ctx, events.StreamOutcomes, events.HubSourceConsumer); err != nil {
+			fmt.Fprintf(&out, "; the site's consumer for the hub not read: %v", err)
+		} else {
+			ci := c.CachedInfo()
+			fmt.Fprintf(&out, "; the site's consumer for the hub delivered to %d, acknowledged to %d, %d pending, %d awaiting acknowledgement, bound %v, paused %v",
+				ci.Delivered.Stream, ci.AckFloor.Stream, ci.NumPending, ci.NumAckPending, ci.PushBound, ci.Paused)
 		}
 	}
 	return out.String()
