@@ -487,7 +487,7 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 		// every look: it reads every site's outcomes.
 		if time.Since(lastLook) > 5*time.Second {
 			lastLook, atSites = time.Now(), atTheirSites(atSite, ids, missing)+hubSourcesOf(b, atSite)+
-				fmt.Sprintf("; the keeper has restarted %d sources", strings.Count(keeper.tail(1_000_000), "so it was restarted"))
+				fmt.Sprintf("; the keeper has restarted %d sources", strings.Count(keeper.tail(1_000_000), keeperRestarted))
 		}
 		return false, fmt.Sprintf("%d of %d events without an outcome at the hub%s", len(missing), len(ids), atSites)
 	})
@@ -536,7 +536,7 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 	// source left out of the hub's stream); a pass that could not read the
 	// hub is tried again at the next, so it is counted, not failed.
 	keeperLog := keeper.tail(1_000_000)
-	restarts, unread := strings.Count(keeperLog, "so it was restarted"), strings.Count(keeperLog, "were not read")
+	restarts, unread := strings.Count(keeperLog, keeperRestarted), strings.Count(keeperLog, "were not read")
 	for _, line := range strings.Split(keeperLog, "\n") {
 		if strings.Contains(line, "was not restarted") {
 			t.Errorf("steward site keep: %s", line)
@@ -551,6 +551,10 @@ func sitesThroughACut(t *testing.T, closed *closedSites) {
 		"site_b_converged_during_cut", round(bDuringCut), "hub_reported_site_a_behind", during["site-a"].Pending, "hub_reported_site_a_oldest_pending_age", round(time.Duration(during["site-a"].OldestPendingSeconds*float64(time.Second))), "site_a_relinked_after_heal", round(relinked), "site_a_converged_after_heal", round(aAfterHeal), "outcomes_at_hub_after_heal", round(outcomesAfterHeal),
 		"sources_restarted_by_keeper", restarts, "keeper_passes_unread", unread, "events", len(ids), "superseded", superseded, "lost", lost, "duplicates_applied", dup, "backwards", backwards, "link_violations", violations)
 }
+
+// keeperRestarted ends the line `steward site keep` logs for each source
+// it restarted (cmd/steward/site.go).
+const keeperRestarted = "so it was restarted"
 
 // siteStatusAs is `steward site status --json` at the hub, by site, run
 // with env (the operator's credentials on the closed bus).
