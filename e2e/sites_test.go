@@ -627,9 +627,10 @@ func hubSourcesOf(hub *bus, atSite map[string]*bus) string {
 			fmt.Fprintf(&out, ", error: %v", si.Error)
 		}
 		// The site's side of the same source: its durable consumer for
-		// the hub, acknowledged by the hub's flow control. Messages
-		// pending there with nothing delivered tell a consumer that
-		// stopped sending from a hub that stopped storing.
+		// the hub, acknowledged by the hub's flow control. Delivered
+		// past what the hub read is a hub that stopped storing; pending
+		// with nothing delivered past it, a consumer that stopped
+		// sending.
 		if c, err := atSite[site].js.PushConsumer(ctx, events.StreamOutcomes, events.HubSourceConsumer); err != nil {
 			fmt.Fprintf(&out, "; the site's consumer for the hub not read: %v", err)
 		} else {
