@@ -426,6 +426,9 @@ func TestSiteSetupWarnsOfAnAsyncEventsStream(t *testing.T) {
 	if w := st.Sites[0].Warning; !strings.Contains(w, "site site-a") || !strings.Contains(w, "persist_mode async") {
 		t.Errorf("steward status -o json: the site's warning is %q, want its events stream named async", w)
 	}
+	if st.ServerWarning != "" {
+		t.Errorf("steward status -o json at a hub on nats-server %s warns of the server: %q", st.ServerVersion, st.ServerWarning)
+	}
 	if out := opsOK(t, pair.Hub.ClientURL(), newStatusCmd); !regexp.MustCompile(`(?m)^warning: site site-a: .*persist_mode async`).MatchString(out) {
 		t.Errorf("steward status at the hub does not warn of the site's async events stream:\n%s", out)
 	}

@@ -85,6 +85,9 @@ func printStatus(w io.Writer, st *ops.Status) error {
 		server += fmt.Sprintf(" (server %s, version %s)", st.ServerName, st.ServerVersion)
 	}
 	t.line("NATS %s", server)
+	if st.ServerWarning != "" {
+		t.line("warning: %s", st.ServerWarning)
+	}
 	t.line("")
 	t.row("STREAM", "MESSAGES", "BYTES", "FIRST SEQ", "LAST SEQ", "CONSUMERS")
 	for _, s := range st.Streams {

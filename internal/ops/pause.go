@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -188,7 +186,7 @@ func pausable(ctx context.Context, js jetstream.JetStream, worker, instance stri
 		return "", fmt.Errorf("instance: %w", err)
 	}
 	name := ConsumerName(worker, instance)
-	if nc := js.Conn(); nc != nil && !atLeast(nc.ConnectedServerVersion(), 2, 11) {
+	if nc := js.Conn(); nc != nil && !events.ServerAtLeast(nc.ConnectedServerVersion(), "2.11.0") {
 		return "", fmt.Errorf("the NATS server at %s is version %s; pausing a consumer needs 2.11 or later: upgrade it, or stop the worker's processes instead",
 			ServerURL(js), nc.ConnectedServerVersion())
 	}
@@ -202,20 +200,4 @@ func pausable(ctx context.Context, js jetstream.JetStream, worker, instance stri
 		return "", fmt.Errorf("look up consumer %s: %w", name, err)
 	}
 	return name, nil
-}
-
-// atLeast says whether a server version (2.11.0, v2.12.1-beta) is at least
-// major.minor. An unreadable version is given the benefit of the doubt:
-// the server itself then answers.
-func atLeast(version string, major, minor int) bool {
-	parts := strings.SplitN(strings.TrimPrefix(version, "v"), ".", 3)
-	if len(parts) < 2 {
-		return true
-	}
-	ma, err1 := strconv.Atoi(parts[0])
-	mi, err2 := strconv.Atoi(parts[1])
-	if err1 != nil || err2 != nil {
-		return true
-	}
-	return ma > major || ma == major && mi >= minor
 }

@@ -82,9 +82,13 @@ type StatusOptions struct {
 // instance summarised by state with the worst ones in detail.
 type Status struct {
 	// Server is the URL asked, ServerName and ServerVersion what it said.
-	Server        string    `json:"server"`
-	ServerName    string    `json:"serverName,omitempty"`
-	ServerVersion string    `json:"serverVersion,omitempty"`
+	Server        string `json:"server"`
+	ServerName    string `json:"serverName,omitempty"`
+	ServerVersion string `json:"serverVersion,omitempty"`
+	// ServerWarning, when set, says what in the server risks a loss and
+	// what to do: a hub with sites on a nats-server older than
+	// events.MinSiteServerVersion.
+	ServerWarning string    `json:"serverWarning,omitempty"`
 	Time          time.Time `json:"time"`
 	Streams       []Stream  `json:"streams"`
 	InstanceSummary
@@ -263,6 +267,11 @@ func GetStatus(ctx context.Context, js jetstream.JetStream, o StatusOptions) (*S
 	st.InstanceSummary = sum
 	if len(sites) > 0 {
 		st.Sites = siteStatuses(ctx, js, sites, o, now)
+		// A hub that sources across links on a server that skips a
+		// message after a reset says so where its sites are read.
+		if err := events.CheckSiteServer("the hub", st.Server, st.ServerVersion); err != nil {
+			st.ServerWarning = err.Error()
+		}
 	}
 	return st, nil
 }
