@@ -96,7 +96,12 @@ func keepUntil(t *testing.T, k *ops.SourceKeeper) []ops.SourceRestart {
 func TestSourceKeeperRestartsAStalledSiteSource(t *testing.T) {
 	ls := startLiveSite(t)
 	ctx := context.Background()
-	const stall = time.Second
+	// The site's consumer for the hub heartbeats every second, so a
+	// healthy source's silence reaches a second before each heartbeat, and
+	// more on a loaded machine: at a stall time of 1 s a CI run saw the
+	// keeper restart the healthy dead letters' source, silent 1.001 s. The
+	// default is ten heartbeats; this is two and a half.
+	const stall = 2500 * time.Millisecond
 	// The keeper's clock runs with the real one, and a test moves it on
 	// where it must look again a stall later.
 	var ahead atomic.Int64
