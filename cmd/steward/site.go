@@ -218,14 +218,14 @@ line, "box NAME", "hive NAME" or "machine NAME"; '#' starts a comment.`,
 			}
 			// Both ends of the link source across it. Without --site-url
 			// the leaf node's version is not seen: the hub's is.
-			ends, names := []*nats.Conn{nc}, []string{"the hub"}
-			if siteURL != "" {
-				ends, names = append(ends, siteNC), append(names, "site "+site.Name+"'s leaf node")
-			}
-			for i, end := range ends {
-				if err := events.CheckSiteServer(names[i], end.ConnectedUrlRedacted(), end.ConnectedServerVersion()); err != nil {
+			warnOfServer := func(what string, end *nats.Conn) {
+				if err := events.CheckSiteServer(what, end.ConnectedUrlRedacted(), end.ConnectedServerVersion()); err != nil {
 					fmt.Fprintf(cmd.ErrOrStderr(), "warning: %v\n", err)
 				}
+			}
+			warnOfServer("the hub", nc)
+			if siteURL != "" {
+				warnOfServer("site "+site.Name+"'s leaf node", siteNC)
 			}
 			fmt.Fprintf(out, "site %s: STEWARD_EVENTS sources %s's STEWARD_EVENTS through its consumer %s, on %d subjects (%d boxes, %d hives, %d machines)\n",
 				site.Name, site.HubDomain, events.SiteConsumer(site.Name), len(site.EventSubjects()), len(site.Boxes), len(site.Hives), len(site.Machines))
