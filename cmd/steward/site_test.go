@@ -433,3 +433,58 @@ func TestSiteSetupWarnsOfAnAsyncEventsStream(t *testing.T) {
 		t.Errorf("steward status at the hub does not warn of the site's async events stream:\n%s", out)
 	}
 }
+
+// A hub and a leaf node on a nats-server older than
+// events.MinSiteServerVersion, seen through a proxy that reports 2.15.2 in
+// each one's greeting: site setup sets the site up and warns of each end,
+// naming it, its version and the upgrade, and `steward status` at the hub
+// says it again in its JSON and under its NATS line. The same set-up
+// straight to the servers warns of neither.
+func TestSiteSetupAndStatusWarnOfAnOlderServer(t *testing.T) {
+	pair := sitetest.Start(t, "site-a")
+	_, js := sitetest.Connect(t, pair.Hub, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg := sitetest.SetupBus(ctx, t, js)
+	setup := func(hubURL, siteURL string) (string, string) {
+		t.Helper()
+		out, errOut, err := opsRun(t, hubURL, newSiteCmd, "setup", "site-a", "--hives", "hive-1", "--site-url", siteURL,
+			"--max-bytes", strconv.FormatInt(cfg.Streams.MaxBytes, 10), "--dlq-max-bytes", strconv.FormatInt(cfg.Streams.DLQMaxBytes, 10), "--checkpoint-max-bytes", strconv.FormatInt(cfg.CheckpointMaxBytes, 10))
+		if err != nil {
+			t.Fatalf("steward site setup at %s and %s: %v\nstderr:\n%s", hubURL, siteURL, err, errOut)
+		}
+		if !strings.Contains(out, "site site-a: STEWARD_OUTCOMES, STEWARD_DLQ and bucket") {
+			t.Errorf("stdout does not report the set-up done:\n%s", out)
+		}
+		return out, errOut
+	}
+
+	if _, errOut := setup(pair.Hub.ClientURL(), pair.Leaf.ClientURL()); strings.Contains(errOut, "nats-server") {
+		t.Errorf("site setup on nats-server %s warns of the server:\n%s", server.VERSION, errOut)
+	}
+
+	oldHub, oldLeaf := sitetest.OlderServer(t, pair.Hub, "2.15.2"), sitetest.OlderServer(t, pair.Leaf, "2.15.2")
+	_, errOut := setup(oldHub, oldLeaf)
+	for _, want := range []string{
+		"warning: the hub at " + oldHub + " runs nats-server 2.15.2",
+		"warning: site site-a's leaf node at " + oldLeaf + " runs nats-server 2.15.2",
+	} {
+		if !strings.Contains(errOut, want+": "+events.ErrSiteServerTooOld.Error()) {
+			t.Errorf("site setup through servers reporting 2.15.2: stderr does not say %q:\n%s", want, errOut)
+		}
+	}
+	if n := strings.Count(errOut, "upgrade the hub and every leaf node to "+events.MinSiteServerVersion); n != 2 {
+		t.Errorf("site setup names the upgrade %d times, want once for each end:\n%s", n, errOut)
+	}
+
+	workertest.WaitUntil(t, "steward status at the hub lists the site", func() bool {
+		return len(decodeJSON[ops.Status](t, opsOK(t, oldHub, newStatusCmd, "-o", "json")).Sites) == 1
+	})
+	st := decodeJSON[ops.Status](t, opsOK(t, oldHub, newStatusCmd, "-o", "json"))
+	if st.ServerVersion != "2.15.2" || !strings.Contains(st.ServerWarning, "the hub at "+oldHub+" runs nats-server 2.15.2") {
+		t.Errorf("steward status -o json at a hub reporting 2.15.2: serverVersion %q, serverWarning %q; want the hub named with its version", st.ServerVersion, st.ServerWarning)
+	}
+	if out := opsOK(t, oldHub, newStatusCmd); !regexp.MustCompile(`(?m)^NATS .*\n\s*warning: the hub at \S+ runs nats-server 2\.15\.2`).MatchString(out) {
+		t.Errorf("steward status at a hub reporting 2.15.2 does not warn under its NATS line:\n%s", out)
+	}
+}
