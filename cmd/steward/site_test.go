@@ -393,19 +393,16 @@ func TestSiteSetupWaitsForTheLeafNode(t *testing.T) {
 // (nats-server cannot change a persist mode), and the operator is told
 // what that stream risks and how to stop its leaf node meanwhile.
 func TestSiteSetupWarnsOfAnAsyncEventsStream(t *testing.T) {
-	pair := sitetest.Start(t, "site-a")
-	nc, js := sitetest.Connect(t, pair.Hub, "")
+	pair, nc, js, cfg := startSiteHub(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cfg := sitetest.SetupBus(ctx, t, js)
 	site := events.Site{Name: "site-a", HubDomain: events.DefaultHubDomain, Hives: []string{"hive-1"}}
 	siteJS, err := events.JetStreamIn(nc, "site-a")
 	if err != nil {
 		t.Fatal(err)
 	}
 	sitetest.MakeAsyncSiteEvents(ctx, t, js, siteJS, cfg, site)
-	out, errOut, err := opsRun(t, pair.Hub.ClientURL(), newSiteCmd, "setup", "site-a", "--hives", "hive-1",
-		"--max-bytes", strconv.FormatInt(cfg.Streams.MaxBytes, 10), "--dlq-max-bytes", strconv.FormatInt(cfg.Streams.DLQMaxBytes, 10), "--checkpoint-max-bytes", strconv.FormatInt(cfg.CheckpointMaxBytes, 10))
+	out, errOut, err := opsRun(t, pair.Hub.ClientURL(), newSiteCmd, append([]string{"setup", "site-a", "--hives", "hive-1"}, siteSetupLimits(cfg)...)...)
 	if err != nil {
 		t.Fatalf("steward site setup over an async events stream: %v\nstderr:\n%s", err, errOut)
 	}
@@ -434,6 +431,25 @@ func TestSiteSetupWarnsOfAnAsyncEventsStream(t *testing.T) {
 	}
 }
 
+// startSiteHub starts a hub and site-a's leaf node, and sets Steward's
+// bus up at the hub as `steward setup` does; it returns the pair, a
+// connection to the hub with its JetStream, and the bus's configuration.
+func startSiteHub(t *testing.T) (*sitetest.Pair, *nats.Conn, jetstream.JetStream, events.BusConfig) {
+	t.Helper()
+	pair := sitetest.Start(t, "site-a")
+	nc, js := sitetest.Connect(t, pair.Hub, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return pair, nc, js, sitetest.SetupBus(ctx, t, js)
+}
+
+// siteSetupLimits are the flags that give `steward site setup` the
+// limits cfg set the hub's bus up with.
+func siteSetupLimits(cfg events.BusConfig) []string {
+	return []string{"--max-bytes", strconv.FormatInt(cfg.Streams.MaxBytes, 10), "--dlq-max-bytes", strconv.FormatInt(cfg.Streams.DLQMaxBytes, 10),
+		"--checkpoint-max-bytes", strconv.FormatInt(cfg.CheckpointMaxBytes, 10)}
+}
+
 // A hub and a leaf node on a nats-server older than
 // events.MinSiteServerVersion, seen through a proxy that reports 2.15.2 in
 // each one's greeting: site setup sets the site up and warns of each end,
@@ -441,15 +457,10 @@ func TestSiteSetupWarnsOfAnAsyncEventsStream(t *testing.T) {
 // says it again in its JSON and under its NATS line. The same set-up
 // straight to the servers warns of neither.
 func TestSiteSetupAndStatusWarnOfAnOlderServer(t *testing.T) {
-	pair := sitetest.Start(t, "site-a")
-	_, js := sitetest.Connect(t, pair.Hub, "")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cfg := sitetest.SetupBus(ctx, t, js)
+	pair, _, _, cfg := startSiteHub(t)
 	setup := func(hubURL, siteURL string) (string, string) {
 		t.Helper()
-		out, errOut, err := opsRun(t, hubURL, newSiteCmd, "setup", "site-a", "--hives", "hive-1", "--site-url", siteURL,
-			"--max-bytes", strconv.FormatInt(cfg.Streams.MaxBytes, 10), "--dlq-max-bytes", strconv.FormatInt(cfg.Streams.DLQMaxBytes, 10), "--checkpoint-max-bytes", strconv.FormatInt(cfg.CheckpointMaxBytes, 10))
+		out, errOut, err := opsRun(t, hubURL, newSiteCmd, append([]string{"setup", "site-a", "--hives", "hive-1", "--site-url", siteURL}, siteSetupLimits(cfg)...)...)
 		if err != nil {
 			t.Fatalf("steward site setup at %s and %s: %v\nstderr:\n%s", hubURL, siteURL, err, errOut)
 		}
