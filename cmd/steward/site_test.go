@@ -458,7 +458,9 @@ func siteSetupLimits(cfg events.BusConfig) []string {
 // straight to the servers warns of neither.
 func TestSiteSetupAndStatusWarnOfAnOlderServer(t *testing.T) {
 	pair, _, _, cfg := startSiteHub(t)
-	setup := func(hubURL, siteURL string) (string, string) {
+	// setup sets site-a up through hubURL and siteURL, and returns what it
+	// said on stderr.
+	setup := func(hubURL, siteURL string) string {
 		t.Helper()
 		out, errOut, err := opsRun(t, hubURL, newSiteCmd, append([]string{"setup", "site-a", "--hives", "hive-1", "--site-url", siteURL}, siteSetupLimits(cfg)...)...)
 		if err != nil {
@@ -467,15 +469,15 @@ func TestSiteSetupAndStatusWarnOfAnOlderServer(t *testing.T) {
 		if !strings.Contains(out, "site site-a: STEWARD_OUTCOMES, STEWARD_DLQ and bucket") {
 			t.Errorf("stdout does not report the set-up done:\n%s", out)
 		}
-		return out, errOut
+		return errOut
 	}
 
-	if _, errOut := setup(pair.Hub.ClientURL(), pair.Leaf.ClientURL()); strings.Contains(errOut, "nats-server") {
+	if errOut := setup(pair.Hub.ClientURL(), pair.Leaf.ClientURL()); strings.Contains(errOut, "nats-server") {
 		t.Errorf("site setup on nats-server %s warns of the server:\n%s", server.VERSION, errOut)
 	}
 
 	oldHub, oldLeaf := sitetest.OlderServer(t, pair.Hub, "2.15.2"), sitetest.OlderServer(t, pair.Leaf, "2.15.2")
-	_, errOut := setup(oldHub, oldLeaf)
+	errOut := setup(oldHub, oldLeaf)
 	for _, want := range []string{
 		"warning: the hub at " + oldHub + " runs nats-server 2.15.2",
 		"warning: site site-a's leaf node at " + oldLeaf + " runs nats-server 2.15.2",

@@ -57,7 +57,11 @@ func OlderServer(t testing.TB, s *server.Server, version string) string {
 				continue
 			}
 			keep(client, up)
-			go func() { _, _ = io.Copy(up, client) }()
+			go func() {
+				// A client gone closes its way to the server too.
+				defer up.Close()
+				_, _ = io.Copy(up, client)
+			}()
 			go func() {
 				defer client.Close()
 				defer up.Close()
@@ -71,8 +75,8 @@ func OlderServer(t testing.TB, s *server.Server, version string) string {
 // claimVersion copies what the server sends from r to w, with version in
 // place of the server's own in every INFO: the greeting, and the one the
 // server sends with its first PONG (ConnectInfo), which a client reads
-// over the greeting's. A message's payload
-// is copied as it is, by the size its MSG or HMSG line gives.
+// over the greeting's. A message's payload is copied as it is, by the
+// size its MSG or HMSG line gives.
 func claimVersion(w io.Writer, r *bufio.Reader, version string) error {
 	for {
 		line, err := r.ReadString('\n')
