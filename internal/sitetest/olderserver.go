@@ -5,13 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/steward-dev/steward/internal/fleet"
 )
 
 // OlderServer returns the client URL of a proxy to s that tells every
@@ -23,53 +23,14 @@ import (
 // connections close when the test ends.
 func OlderServer(t testing.TB, s *server.Server, version string) string {
 	t.Helper()
-	target := s.Addr().String()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := fleet.StartLinkProxy(s.Addr().String(), fleet.FromTarget(func(dst io.Writer, src io.Reader) error {
+		return claimVersion(dst, bufio.NewReader(src), version)
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var (
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	keep := func(c ...net.Conn) {
-		mu.Lock()
-		defer mu.Unlock()
-		conns = append(conns, c...)
-	}
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	go func() {
-		for {
-			client, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				client.Close()
-				continue
-			}
-			keep(client, up)
-			go func() {
-				// A client gone closes its way to the server too.
-				defer up.Close()
-				_, _ = io.Copy(up, client)
-			}()
-			go func() {
-				defer client.Close()
-				defer up.Close()
-				_ = claimVersion(client, bufio.NewReader(up), version)
-			}()
-		}
-	}()
-	return "nats://" + ln.Addr().String()
+	t.Cleanup(p.Cut)
+	return "nats://" + p.Addr()
 }
 
 // claimVersion copies what the server sends from r to w, with version in
