@@ -452,7 +452,7 @@ func siteSetupLimits(cfg events.BusConfig) []string {
 
 // A hub and a leaf node on a nats-server older than
 // events.MinSiteServerVersion, seen through a proxy that reports 2.15.2 in
-// each one's greeting: site setup sets the site up and warns of each end,
+// every INFO each one sends: site setup sets the site up and warns of each end,
 // naming it, its version and the upgrade, and `steward status` at the hub
 // says it again in its JSON and under its NATS line. The same set-up
 // straight to the servers warns of neither.
